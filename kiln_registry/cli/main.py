@@ -1,0 +1,68 @@
+"""The ``kiln`` command: one argparse tree, one error path.
+
+Each command group lives in its own module under ``kiln_registry.cli`` and
+exposes ``register(subparsers)``; a registered command sets ``func`` to a
+callable taking the parsed namespace and returning an exit status.  Any
+``KilnError`` becomes one line on stderr and exit status 2.  Optional heavy
+dependencies (torch, transformers) are imported inside the commands that
+need them, never here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from kiln_registry.errors import KilnError
+
+# Command-group modules, in the order their commands appear in --help.  A
+# module that is not present yet (a later issue) is skipped, never faked.
+COMMAND_MODULES: tuple[str, ...] = (
+    "kiln_registry.cli.identity_cmds",
+    "kiln_registry.cli.fingerprint_cmds",
+    "kiln_registry.cli.serve_cmds",
+    "kiln_registry.cli.teachers_cmds",
+    "kiln_registry.cli.reference_cmds",
+    "kiln_registry.cli.demo_cmds",
+    "kiln_registry.cli.registry_cmds",
+    "kiln_registry.cli.jobs_cmds",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kiln", description="kiln-registry: trusted teachers for Kiln OPD.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except KilnError as exc:
+        sys.stderr.write(f"kiln: error: {exc.one_line()}\n")
+        return 2
+
+
+def main() -> None:
+    raise SystemExit(run())

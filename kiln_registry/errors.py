@@ -1,0 +1,162 @@
+"""The single error tree of kiln-registry.
+
+Every failure the project reports on purpose is a ``KilnError``.  Each class
+carries the HTTP ``status``, a stable snake_case ``code`` (Kiln clients parse
+it), a ``hint`` that says what to do, and, where a named rule failed, the
+``rule`` (for example ``fingerprint.prefix``).  The API renders any of them
+as ``{"error": {"code", "message", "hint"}}``; the CLI prints one line and
+exits 2.
+
+    KilnError
+    ├── InputError                 bad operator input (CLI flags, files)       400
+    │   ├── IdentityError          an identity rule failed (``rule`` names it)  400
+    │   │   └── FingerprintError   a fingerprint verification rule failed      400
+    │   ├── ConfigError            kiln.toml or the environment is invalid     400
+    │   └── PolicyError            a launcher option/env policy refusal        400
+    ├── LauncherError              staging, runtime or supervision failed      500
+    ├── CredentialError            a credential could not be resolved          400
+    ├── RegistrationInvalid        teacher_registration_invalid                400
+    ├── ProbeFailed                teacher_identity_probe_failed               502
+    ├── ProbeBusy                  teacher_identity_probe_busy                 503
+    ├── IdentityMismatch           teacher_identity_mismatch                   409
+    ├── AliasExists                teacher_alias_exists                        409
+    ├── IdentityRequired           teacher_identity_required                   409
+    ├── TeacherNotFound            teacher_not_found                           404
+    ├── TeacherNotRegistered       teacher_not_registered                      404
+    ├── JobInvalid                 job_invalid                                 400
+    ├── JobNotFound                job_not_found                               404
+    └── JobConflict                job_conflict                                409
+
+Messages never contain secrets: callers pass names of variables, never their
+values.  This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+
+class KilnError(Exception):
+    """Base of every deliberate kiln-registry failure."""
+
+    status: int = 500
+    code: str = "internal_error"
+    default_hint: str = ""
+    retry_after: int | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rule: str | None = None,
+        hint: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.rule = rule
+        self.hint = hint if hint is not None else self.default_hint
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+
+    def __str__(self) -> str:
+        if self.rule:
+            return f"{self.rule}: {self.message}"
+        return self.message
+
+    def one_line(self) -> str:
+        """The CLI form: rule, message and hint on a single line."""
+        text = str(self)
+        if self.hint:
+            text = f"{text} (hint: {self.hint})"
+        return " ".join(text.split())
+
+
+class InputError(KilnError):
+    status = 400
+    code = "invalid_input"
+
+
+class IdentityError(InputError):
+    code = "teacher_identity_invalid"
+
+
+class FingerprintError(IdentityError):
+    code = "teacher_fingerprint_invalid"
+
+
+class ConfigError(InputError):
+    code = "config_invalid"
+
+
+class PolicyError(InputError):
+    code = "launcher_policy_refused"
+
+
+class LauncherError(KilnError):
+    status = 500
+    code = "launcher_failed"
+
+
+class CredentialError(KilnError):
+    status = 400
+    code = "teacher_credential_invalid"
+
+
+class RegistrationInvalid(KilnError):
+    status = 400
+    code = "teacher_registration_invalid"
+
+
+class ProbeFailed(KilnError):
+    status = 502
+    code = "teacher_identity_probe_failed"
+
+
+class ProbeBusy(KilnError):
+    status = 503
+    code = "teacher_identity_probe_busy"
+    retry_after = 5
+    default_hint = "two probes are already in flight; retry in a few seconds"
+
+
+class IdentityMismatch(KilnError):
+    status = 409
+    code = "teacher_identity_mismatch"
+
+
+class AliasExists(KilnError):
+    status = 409
+    code = "teacher_alias_exists"
+    default_hint = "aliases are immutable: delete the alias and register it again"
+
+
+class IdentityRequired(KilnError):
+    status = 409
+    code = "teacher_identity_required"
+
+
+class TeacherNotFound(KilnError):
+    status = 404
+    code = "teacher_not_found"
+
+
+class TeacherNotRegistered(KilnError):
+    status = 404
+    code = "teacher_not_registered"
+
+
+class JobInvalid(KilnError):
+    status = 400
+    code = "job_invalid"
+
+
+class JobNotFound(KilnError):
+    status = 404
+    code = "job_not_found"
+
+
+class JobConflict(KilnError):
+    status = 409
+    code = "job_conflict"
