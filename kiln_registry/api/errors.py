@@ -1,0 +1,93 @@
+"""Render every failure in Kiln's error envelope.
+
+``{"error": {"code", "message", "hint"}}`` with the status of the
+``KilnError`` subclass, ``Retry-After`` where a retry makes sense, request
+validation errors as 400 with the endpoint's invalid-request code naming
+each bad field, and anything unexpected as a generic 500 whose body says
+nothing internal (the traceback goes to the log, which is redacted).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kiln_registry.errors import KilnError
+
+log = logging.getLogger("kiln_registry.api")
+
+MAX_VALIDATION_ITEMS = 20
+MAX_MESSAGE_CHARS = 2000
+
+
+def error_body(code: str, message: str, hint: str | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message[:MAX_MESSAGE_CHARS], "hint": hint}}
+
+
+def _invalid_code(path: str) -> str:
+    if path.startswith("/v1/jobs"):
+        return "job_invalid"
+    return "teacher_registration_invalid"
+
+
+def describe_validation_errors(errors: Sequence[Any]) -> str:
+    """One line naming each bad field; never echoes the submitted values."""
+    parts: list[str] = []
+    for err in list(errors)[:MAX_VALIDATION_ITEMS]:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        where = ".".join(loc) or "body"
+        msg = str(err.get("msg", "invalid"))
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field (not part of the API)"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        parts.append(f"{where}: {msg}")
+    if len(errors) > MAX_VALIDATION_ITEMS:
+        parts.append(f"... and {len(errors) - MAX_VALIDATION_ITEMS} more")
+    return "; ".join(parts)
+
+
+async def _kiln_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, KilnError)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    return JSONResponse(
+        error_body(exc.code, str(exc), exc.hint or None), status_code=exc.status, headers=headers
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message = describe_validation_errors(exc.errors())
+    return JSONResponse(
+        error_body(_invalid_code(request.url.path), message, "fix the named fields and retry"),
+        status_code=400,
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(
+        error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        error_body("internal_error", "internal server error", "see the server log"),
+        status_code=500,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(KilnError, _kiln_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The project's whole check, exactly what CI runs after installing '.[test]':
+# lint, format check, strict typing on the package, then the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${KILN_CHECK_PYTHON:-.venv/bin/python}
+
+"$PY" -m ruff check kiln_registry tests bench migrations
+"$PY" -m ruff format --check kiln_registry tests bench migrations
+"$PY" -m mypy
+"$PY" -m pytest -q "$@"
