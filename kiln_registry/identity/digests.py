@@ -198,9 +198,7 @@ class LabelledFile:
     record: FileRecord
 
 
-def runtime_content_sha256(
-    directories: Sequence[str], files: Sequence[LabelledFile]
-) -> str:
+def runtime_content_sha256(directories: Sequence[str], files: Sequence[LabelledFile]) -> str:
     """The ``kiln.python-runtime-content.v1`` digest over labelled dirs and files."""
     dir_labels = sorted(validate_runtime_label(d) for d in directories)
     file_rows = sorted(

@@ -1,0 +1,79 @@
+"""``create_app``: the registry's FastAPI application.
+
+Receives a ready ``RegistryContext`` (configuration, migrated database,
+student view); creates the outbound HTTP client in its lifespan, never at
+import time.  The outbound client never follows redirects, ignores proxy
+variables from the environment, and verifies TLS (optionally against the
+configured CA bundle).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.errors import install_error_handlers
+from kiln_registry.api.routes import system, teachers
+
+API_TITLE = "kiln-registry"
+API_VERSION = "1.0.0"
+
+
+def teacher_tls_context(ca_file: Path | None) -> ssl.SSLContext:
+    """TLS verification for teachers: the system store, or exactly the given CA bundle."""
+    if ca_file is None:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
+def outbound_client(
+    ca_file: Path | None, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        follow_redirects=False,
+        trust_env=False,
+        verify=teacher_tls_context(ca_file),
+        transport=transport,
+        timeout=httpx.Timeout(10.0),
+        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+    )
+
+
+def create_app(
+    ctx: RegistryContext | None, *, transport: httpx.AsyncBaseTransport | None = None
+) -> FastAPI:
+    """The application; ``ctx=None`` builds it only to render the OpenAPI schema."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if ctx is None:
+            raise RuntimeError("create_app(None) is for schema generation only")
+        async with outbound_client(ctx.config.server.teacher_ca_file, transport) as http:
+            ctx.http = http
+            try:
+                yield
+            finally:
+                ctx.http = None
+
+    app = FastAPI(
+        title=API_TITLE,
+        version=API_VERSION,
+        description=(
+            "Kiln teacher registry: immutable aliases for teachers whose identity was proven"
+            " by live fingerprint probes."
+        ),
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.include_router(teachers.router)
+    app.include_router(system.router)
+    return app

@@ -1,0 +1,59 @@
+"""``/v1/teachers``: register, list, show, delete, re-probe, receipts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query
+from starlette.concurrency import run_in_threadpool
+
+from kiln_registry.api import teachers_service as service
+from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.routes import ERROR_RESPONSES, get_ctx
+from kiln_registry.api.schemas import (
+    DeleteTeacherResponse,
+    ReceiptsResponse,
+    RegisterTeacherRequest,
+    TeacherEntry,
+    TeachersListResponse,
+)
+
+router = APIRouter(prefix="/v1/teachers", tags=["teachers"], responses=ERROR_RESPONSES)
+Ctx = Annotated[RegistryContext, Depends(get_ctx)]
+Alias = Annotated[str, Path(min_length=1, max_length=128, description="The teacher alias.")]
+
+
+@router.get("", operation_id="listTeachers", response_model=TeachersListResponse)
+async def list_teachers(ctx: Ctx) -> TeachersListResponse:
+    return await run_in_threadpool(service.list_teachers, ctx)
+
+
+@router.post("", operation_id="registerTeacher", response_model=TeacherEntry)
+async def register_teacher(body: RegisterTeacherRequest, ctx: Ctx) -> TeacherEntry:
+    """Probe the teacher twice, then persist and publish the alias."""
+    return await service.register_teacher(ctx, body)
+
+
+@router.get("/{alias}", operation_id="getTeacher", response_model=TeacherEntry)
+async def get_teacher(alias: Alias, ctx: Ctx) -> TeacherEntry:
+    return await run_in_threadpool(service.get_teacher, ctx, alias)
+
+
+@router.delete("/{alias}", operation_id="deleteTeacher", response_model=DeleteTeacherResponse)
+async def delete_teacher(alias: Alias, ctx: Ctx) -> DeleteTeacherResponse:
+    return await run_in_threadpool(service.delete_teacher, ctx, alias)
+
+
+@router.post("/{alias}/probe", operation_id="probeTeacher", response_model=dict[str, Any])
+async def probe_teacher(alias: Alias, ctx: Ctx) -> dict[str, Any]:
+    """Re-run both probes against the stored identity; the alias is not changed."""
+    return await service.reprobe_teacher(ctx, alias)
+
+
+@router.get(
+    "/{alias}/receipts", operation_id="listTeacherReceipts", response_model=ReceiptsResponse
+)
+async def list_receipts(
+    alias: Alias, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> ReceiptsResponse:
+    return await run_in_threadpool(service.list_receipts, ctx, alias, limit)

@@ -1,0 +1,121 @@
+"""``kiln reference-teacher``: serve a local model as an eager Transformers teacher.
+
+Owns the command's flags, the loopback rule (a host that is not loopback is
+refused unless ``--api-key-env`` names the key variable), and the one JSON
+startup line on stdout (``fingerprint``, ``url``, ``identity_digest``,
+``served_model_id``), flushed once the socket listens.  The work is done by
+``kiln_registry.reference_teacher``.
+
+Imports: standard library and kiln_registry; torch, transformers and uvicorn
+only inside the command (through ``reference_teacher``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+from typing import Any
+
+from kiln_registry.errors import InputError
+
+SubParsers = Any  # argparse's _SubParsersAction is private
+MAX_THREADS = 8
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {text!r} is outside 0..=65535")
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}"
+
+
+def _cmd_reference_teacher(args: argparse.Namespace) -> int:
+    if not is_loopback(args.host) and args.api_key_env is None:
+        raise InputError(
+            f"--host {args.host} is not a loopback address and no --api-key-env was given",
+            rule="reference.non_loopback_without_key",
+            hint="bind 127.0.0.1, or name the variable holding the API key with --api-key-env",
+        )
+    import torch
+
+    from kiln_registry.reference_teacher.app import (
+        bind_socket,
+        check_env_name,
+        create_reference_app,
+        run_reference_server,
+    )
+    from kiln_registry.reference_teacher.identity import load_reference_teacher
+
+    if args.api_key_env is not None:
+        check_env_name(args.api_key_env)
+    torch.set_num_threads(args.threads or min(MAX_THREADS, os.cpu_count() or 1))
+    teacher, identity = load_reference_teacher(
+        args.model_path,
+        served_model_id=args.served_model_id,
+        max_top_k=args.max_top_k,
+        max_model_len=args.max_model_len,
+    )
+    app = create_reference_app(teacher, api_key_env=args.api_key_env)
+    sock = bind_socket(args.host, args.port)
+    line = {
+        "event": "listening",
+        "url": _url(args.host, sock.getsockname()[1]),
+        "served_model_id": args.served_model_id,
+        "fingerprint": identity.fingerprint(),
+        "identity_digest": identity.digest(),
+    }
+    sys.stdout.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    run_reference_server(app, sock)
+    return 0
+
+
+def register(sub: SubParsers) -> None:
+    parser = sub.add_parser(
+        "reference-teacher",
+        help="serve a local model with eager Transformers on vLLM's prompt-logprobs protocol",
+    )
+    parser.add_argument("--model-path", required=True, help="local model directory")
+    parser.add_argument("--served-model-id", required=True, help="the model name clients send")
+    parser.add_argument("--max-top-k", required=True, type=_positive, metavar="K")
+    parser.add_argument("--max-model-len", required=True, type=_positive, metavar="L")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", default=8000, type=_port, help="0 picks a free port")
+    parser.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable holding the API key that guards /v1/*",
+    )
+    parser.add_argument("--threads", type=_positive, default=None, help="torch CPU threads")
+    parser.set_defaults(func=_cmd_reference_teacher)

@@ -1,0 +1,398 @@
+"""kiln.toml: frozen, fail-closed configuration models and their loader.
+
+Owns the file format (sections ``[server]``, ``[student]``,
+``[teachers.credentials.<id>]``, ``[teachers.local.<profile>]``, ``[jobs]``),
+``load_config`` (bounded read, ``tomllib``, one ``ConfigError`` naming every
+bad key path and the file) and ``check_startup_environment``.  Unknown keys
+are refused; relative paths resolve against the file's directory.  Nothing
+is read at import time: defaults that depend on the user (the database path)
+are computed when a model is built.
+
+Imports: standard library, pydantic, platformdirs, ``kiln_registry.errors``,
+``kiln_registry.credentials`` and the pure ``kiln_registry.launcher.policy``;
+never the database, probe, API or FastAPI.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import platformdirs
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+from kiln_registry.credentials.origin import canonical_origin
+from kiln_registry.credentials.secrets import (
+    ENV_NAME_PATTERN,
+    MAX_ENV_NAME_LENGTH,
+    check_environment_variable,
+    is_valid_env_name,
+)
+from kiln_registry.errors import ConfigError, KilnError, PolicyError
+from kiln_registry.launcher.policy import classify_vllm_options
+
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_PATH_CHARS = 4096
+MAX_ENTRIES = 256
+MAX_REPORTED_ERRORS = 50
+BASE_DIR_CONTEXT = "base_dir"
+
+_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DEVICE_RE = re.compile(r"cpu|cuda:(?:0|[1-9][0-9]{0,3})")
+_SERVED_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}")
+_PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+_HOST_RE = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def default_database_path() -> Path:
+    """``user_data_dir("kiln-registry")/registry.db``, computed when asked."""
+    return Path(platformdirs.user_data_dir("kiln-registry")) / "registry.db"
+
+
+def _path_text(value: object) -> object:
+    if not isinstance(value, str):
+        return value  # pydantic reports the type error
+    if not value or len(value) > MAX_PATH_CHARS or "\x00" in value:
+        raise ValueError(f"must be a non-empty path of at most {MAX_PATH_CHARS} characters")
+    if value.startswith("~"):
+        raise ValueError("'~' is not expanded; use an absolute path or one relative to the file")
+    return value
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    if value.is_absolute():
+        return value
+    context = info.context if isinstance(info.context, Mapping) else {}
+    base = context.get(BASE_DIR_CONTEXT)
+    if not isinstance(base, Path):
+        raise ValueError("a relative path needs a config file to resolve against")
+    return base / value
+
+
+def _check_id(value: str) -> str:
+    if not _ID_RE.fullmatch(value):
+        raise ValueError("an id must be 1..64 characters of A-Z a-z 0-9 _ -")
+    return value
+
+
+def _check_origin(value: str) -> str:
+    try:
+        return canonical_origin(value)
+    except KilnError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _check_env_name(value: str) -> str:
+    if not is_valid_env_name(value):
+        # Never echo the value: it may be the secret itself, pasted by mistake.
+        raise ValueError(
+            f"must be the NAME of an environment variable ({ENV_NAME_PATTERN}, "
+            f"at most {MAX_ENV_NAME_LENGTH} characters), never the secret"
+        )
+    return value
+
+
+def _check_host(value: str) -> str:
+    if ":" in value:
+        try:
+            ipaddress.IPv6Address(value)
+        except ValueError:
+            raise ValueError("must be a host name or an IP address without brackets") from None
+        return value
+    if not _HOST_RE.fullmatch(value) or ".." in value:
+        raise ValueError("must be a lowercase host name or IPv4 address, like 127.0.0.1")
+    return value
+
+
+def _check_device(value: str) -> str:
+    if not _DEVICE_RE.fullmatch(value):
+        raise ValueError("a device is 'cpu' or 'cuda:<index>'")
+    return value
+
+
+def _check_served_id(value: str) -> str:
+    if not _SERVED_ID_RE.fullmatch(value):
+        raise ValueError("must match ^[A-Za-z0-9][A-Za-z0-9._/-]*$ (at most 256 characters)")
+    return value
+
+
+ConfigPath = Annotated[Path, BeforeValidator(_path_text), AfterValidator(_resolve_path)]
+EntryId = Annotated[str, AfterValidator(_check_id)]
+Port = Annotated[StrictInt, Field(ge=1, le=65535)]
+
+
+class ServerConfig(BaseModel):
+    """``[server]``: where the registry listens and keeps its state."""
+
+    model_config = _FROZEN
+
+    host: Annotated[str, AfterValidator(_check_host)] = "127.0.0.1"
+    port: Port = 8420
+    database: ConfigPath = Field(default_factory=default_database_path)
+    log_format: Literal["text", "json"] = "text"
+    legacy_registry: ConfigPath | None = None
+    probe_timeout_s: Annotated[StrictFloat, Field(gt=0, le=600)] = 10.0
+    teacher_ca_file: ConfigPath | None = None
+    local_launch_deadline_s: Annotated[StrictFloat, Field(gt=0, le=86400)] | None = None
+
+
+class StudentConfig(BaseModel):
+    """``[student]``: the loaded student model every teacher must match."""
+
+    model_config = _FROZEN
+
+    model_path: ConfigPath
+
+
+class CredentialConfig(BaseModel):
+    """``[teachers.credentials.<id>]``: an exact HTTPS origin and a variable name."""
+
+    model_config = _FROZEN
+
+    origin: Annotated[str, AfterValidator(_check_origin)]
+    api_key_env: Annotated[str, AfterValidator(_check_env_name)]
+
+
+class LocalTeacherConfig(BaseModel):
+    """``[teachers.local.<profile>]``: a launch profile for a loopback vLLM teacher."""
+
+    model_config = _FROZEN
+
+    model_path: ConfigPath
+    adapter_path: ConfigPath | None = None
+    snapshot_root: ConfigPath
+    cache_root: ConfigPath
+    served_model_id: Annotated[str, AfterValidator(_check_served_id)] | None = None
+    max_top_k: Annotated[StrictInt, Field(ge=1, le=65536)]
+    max_model_len: Annotated[StrictInt, Field(ge=1, le=16_777_216)]
+    max_prompt_logprob_candidates: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
+    port: Port
+    max_provenance_read_mib_per_second: Annotated[StrictInt, Field(ge=1, le=16384)] | None = None
+    vllm_args: Annotated[tuple[str, ...], Field(max_length=MAX_ENTRIES)] = ()
+    ready_deadline_s: Annotated[StrictFloat, Field(gt=0, le=86400)] = 300.0
+
+    @model_validator(mode="after")
+    def _candidate_ceiling(self) -> LocalTeacherConfig:
+        ceiling = self.max_prompt_logprob_candidates
+        if ceiling is not None and ceiling > self.max_model_len * (self.max_top_k + 1):
+            raise ValueError(
+                "max_prompt_logprob_candidates exceeds max_model_len * (max_top_k + 1)"
+            )
+        return self
+
+
+class TeachersConfig(BaseModel):
+    """``[teachers]``: remote credentials and local launch profiles."""
+
+    model_config = _FROZEN
+
+    credentials: Annotated[dict[EntryId, CredentialConfig], Field(max_length=MAX_ENTRIES)] = {}
+    local: Annotated[dict[EntryId, LocalTeacherConfig], Field(max_length=MAX_ENTRIES)] = {}
+
+
+class JobsConfig(BaseModel):
+    """``[jobs]``: the distillation job queue and its workers."""
+
+    model_config = _FROZEN
+
+    workers: Annotated[StrictInt, Field(ge=1, le=16)] = 1
+    concurrency: Annotated[StrictInt, Field(ge=1, le=64)] = 4
+    devices: Annotated[
+        tuple[Annotated[str, AfterValidator(_check_device)], ...],
+        Field(min_length=1, max_length=64),
+    ] = ("cpu",)
+    corpus_root: ConfigPath | None = None
+    result_root: ConfigPath | None = None
+    cache: StrictBool = True
+
+    @model_validator(mode="after")
+    def _unique_devices(self) -> JobsConfig:
+        if len(set(self.devices)) != len(self.devices):
+            raise ValueError("devices must not repeat a device")
+        return self
+
+
+class KilnConfig(BaseModel):
+    """The whole of kiln.toml."""
+
+    model_config = _FROZEN
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    student: StudentConfig
+    teachers: TeachersConfig = Field(default_factory=TeachersConfig)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> KilnConfig:
+        seen = {self.server.port: "server.port"}
+        for name, profile in sorted(self.teachers.local.items()):
+            other = seen.setdefault(profile.port, f"teachers.local.{name}.port")
+            if other != f"teachers.local.{name}.port":
+                raise ValueError(f"teachers.local.{name}.port repeats the port of {other}")
+        return self
+
+    def secret_env_names(self) -> frozenset[str]:
+        """The variable names whose values must be redacted from logs and bodies."""
+        return frozenset(c.api_key_env for c in self.teachers.credentials.values())
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The file's bytes: a regular file of at most ``MAX_CONFIG_BYTES``."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot open ({exc.strerror})", rule="config.open") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: not a regular file", rule="config.not_regular")
+        data = bytearray()
+        while len(data) <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes", rule="config.size")
+    return bytes(data)
+
+
+def _parse_toml(path: Path, data: bytes) -> dict[str, Any]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})", rule="config.encoding") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}", rule="config.toml") from None
+
+
+def _key_path(loc: Sequence[int | str]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            continue
+        text = item if _PLAIN_KEY_RE.fullmatch(item) else json.dumps(item[:80])
+        parts.append(text if item == "[key]" or not parts else f".{text}")
+    return "".join(parts) or "(top level)"
+
+
+def _error_line(error: Mapping[str, Any]) -> str:
+    loc: tuple[int | str, ...] = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        section = _key_path(loc[:-1])
+        where = "the top level" if not loc[:-1] else f"[{section}]"
+        return f"{_key_path(loc)}: unknown key {str(loc[-1])[:80]!r} in {where}"
+    if kind == "missing":
+        return f"{_key_path(loc)}: required key is missing"
+    message = str(error["msg"])
+    if kind == "value_error":
+        message = str(error.get("ctx", {}).get("error", message))
+    return f"{_key_path(loc)}: {message}"
+
+
+def _validation_error(path: Path, exc: ValidationError) -> ConfigError:
+    errors = exc.errors(include_url=False, include_input=False, include_context=True)
+    lines = [_error_line(error) for error in errors[:MAX_REPORTED_ERRORS]]
+    if len(errors) > MAX_REPORTED_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_REPORTED_ERRORS} more")
+    return ConfigError(f"{path}: " + "; ".join(lines), rule="config.invalid")
+
+
+def check_vllm_args(profile: str, tokens: Sequence[str]) -> None:
+    """Check a local profile's extra vLLM options with the launcher option policy.
+
+    Also refuses ``--api-key`` (a secret must never sit in kiln.toml) and
+    ``--host``/``--port`` (the profile's ``port`` key owns transport).
+    """
+    key = f"teachers.local.{profile}.vllm_args"
+    try:
+        options = classify_vllm_options(tokens)
+    except PolicyError as exc:
+        raise ConfigError(f"{key}: {exc.message}", rule=exc.rule) from None
+    if options.api_key_present:
+        raise ConfigError(
+            f"{key}: --api-key would store a secret in kiln.toml", rule="config.secret_in_file"
+        )
+    if options.host is not None or options.port is not None:
+        raise ConfigError(
+            f"{key}: set the port with teachers.local.{profile}.port; the host is always loopback",
+            rule="config.launcher_transport",
+        )
+
+
+def _check_student(path: Path, student: StudentConfig) -> None:
+    model = student.model_path
+    if not model.is_dir():
+        raise ConfigError(
+            f"{path}: student.model_path {model} is not a directory", rule="config.student"
+        )
+    for name in ("config.json", "tokenizer.json"):
+        if not (model / name).is_file():
+            raise ConfigError(
+                f"{path}: student.model_path {model} has no {name}", rule="config.student"
+            )
+
+
+def load_config(path: str | os.PathLike[str]) -> KilnConfig:
+    """Read, parse and validate a kiln.toml; any problem is one ``ConfigError``."""
+    file = Path(path)
+    data = _parse_toml(file, _read_bounded(file))
+    base_dir = file.absolute().parent
+    try:
+        config = KilnConfig.model_validate(data, context={BASE_DIR_CONTEXT: base_dir})
+    except ValidationError as exc:
+        raise _validation_error(file, exc) from None
+    _check_student(file, config.student)
+    for profile, local in sorted(config.teachers.local.items()):
+        try:
+            check_vllm_args(profile, local.vllm_args)
+        except ConfigError as exc:
+            raise ConfigError(f"{file}: {exc.message}", rule=exc.rule) from None
+    return config
+
+
+def check_startup_environment(config: KilnConfig, environ: Mapping[str, str]) -> None:
+    """Refuse to start unless every credential's variable is set and usable.
+
+    Names each failing credential and variable, never a value.
+    """
+    problems: list[str] = []
+    rules: set[str | None] = set()
+    for credential_id, credential in sorted(config.teachers.credentials.items()):
+        try:
+            check_environment_variable(credential.api_key_env, environ)
+        except KilnError as exc:
+            problems.append(f"teachers.credentials.{credential_id}: {exc.message}")
+            rules.add(exc.rule)
+    if problems:
+        raise ConfigError(
+            "; ".join(problems),
+            rule=rules.pop() if len(rules) == 1 else "secret.startup",
+            hint="export each api_key_env variable in the server's environment",
+        )

@@ -1,0 +1,125 @@
+"""Scrubbing secret values out of text and log records.
+
+The registry knows the *names* of its secret variables (from kiln.toml); the
+values are looked up at the moment text is scrubbed, so a rotated secret is
+redacted too and no value is ever kept in an object.  ``redact_text`` is for
+strings (teacher error bodies, messages); ``SecretRedactionFilter`` is a
+``logging.Filter`` for records; ``install_redaction`` attaches one filter to
+the root and uvicorn loggers and their handlers.
+
+Imports: standard library only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+REDACTED = "[redacted]"
+DEFAULT_LOGGERS: tuple[str, ...] = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+_FORMATTER = logging.Formatter()
+
+
+def _current_values(names: Iterable[str], environ: Mapping[str, str] | None) -> list[str]:
+    """Set, non-blank values of ``names``, longest first (so overlaps redact fully)."""
+    env = os.environ if environ is None else environ
+    values = {env.get(name) for name in names}
+    return sorted((v for v in values if v and v.strip()), key=len, reverse=True)
+
+
+def _scrub(text: str, values: Sequence[str]) -> str:
+    for value in values:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def redact_text(text: str, names: Iterable[str], environ: Mapping[str, str] | None = None) -> str:
+    """``text`` with the current value of every variable in ``names`` replaced."""
+    return _scrub(text, _current_values(names, environ))
+
+
+def _scrub_object(obj: object, values: Sequence[str]) -> object:
+    """A string stays a string; any other object is replaced only if it leaks."""
+    if isinstance(obj, str):
+        return _scrub(obj, values)
+    text = f"{obj!s}\n{obj!r}"
+    if any(value in text for value in values):
+        return _scrub(str(obj), values)
+    return obj
+
+
+def _scrub_args(args: object, values: Sequence[str]) -> object:
+    # Arguments keep their shape because formatters such as uvicorn's access
+    # formatter unpack ``record.args`` positionally.
+    if isinstance(args, tuple):
+        return tuple(_scrub_object(arg, values) for arg in args)
+    if isinstance(args, Mapping):
+        return {key: _scrub_object(arg, values) for key, arg in args.items()}
+    return args
+
+
+class SecretRedactionFilter(logging.Filter):
+    """Replace current secret values in a record's message, args and traceback."""
+
+    def __init__(self, names: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._names = frozenset(names)
+        self._environ = environ
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self._names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        values = _current_values(self._names, self._environ)
+        if not values:
+            return True
+        record.msg = _scrub_object(record.msg, values)
+        record.args = _scrub_args(record.args, values)  # type: ignore[assignment]
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _FORMATTER.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = _scrub(record.exc_text, values)
+            # The exception object itself may hold the value; formatters use
+            # exc_text when it is set, so the live exception is dropped.
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = _scrub(record.stack_info, values)
+        self._collapse_if_leaking(record, values)
+        return True
+
+    @staticmethod
+    def _collapse_if_leaking(record: logging.LogRecord, values: Sequence[str]) -> None:
+        """Last guard: a value assembled across arguments still gets redacted."""
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record; logging reports it later
+            return
+        if any(value in message for value in values):
+            record.msg = _scrub(message, values)
+            record.args = None
+
+
+def install_redaction(
+    names: Iterable[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    logger_names: Iterable[str] = DEFAULT_LOGGERS,
+) -> SecretRedactionFilter:
+    """Attach one redaction filter to the named loggers and their current handlers.
+
+    Handler filters also see records propagated from child loggers.  Call it
+    after logging (including uvicorn's log config) is configured, because
+    reconfiguring replaces handlers.  Calling it again replaces the filter.
+    """
+    redaction = SecretRedactionFilter(names, environ)
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        for target in (logger, *logger.handlers):
+            for old in [f for f in target.filters if isinstance(f, SecretRedactionFilter)]:
+                target.removeFilter(old)
+            target.addFilter(redaction)
+    return redaction

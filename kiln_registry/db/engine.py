@@ -1,0 +1,304 @@
+"""Engine, sessions and schema upgrades for the registry's SQLite file.
+
+This module owns how the registry opens its database and brings the schema
+to the newest Alembic revision:
+
+* ``open_engine(path)`` returns an Engine on one SQLite file whose every
+  connection runs in WAL mode with foreign keys on, a 5 s busy timeout and
+  ``synchronous=FULL``.  FULL rather than NORMAL: in WAL mode NORMAL may lose
+  the last commits on power loss, and the registry writes rarely, so
+  durability of "alias registered" wins over commit latency.
+* pysqlite's legacy transaction control is switched off
+  (``isolation_level = None``) and the engine's ``begin`` event emits the
+  BEGIN itself, so SELECTs and DDL are really inside the transaction
+  (transactional DDL, working SAVEPOINTs).  The BEGIN is ``IMMEDIATE`` by
+  default: a transaction takes the write lock up front and waits up to the
+  busy timeout for it, instead of failing with "database is locked" when a
+  read transaction later tries to write.  A connection may opt into a
+  deferred BEGIN with the execution option ``kiln_sqlite_begin="DEFERRED"``.
+* ``upgrade_to_head(engine)`` checks the file's shape, refuses a revision
+  this release does not know, then runs every pending revision inside ONE
+  transaction on one connection.
+* ``session_factory(engine)`` builds the Session factory that
+  ``repository.unit_of_work`` uses.
+
+The Alembic scripts live in the repository's top-level ``migrations/``,
+found as ``Path(kiln_registry.__file__).parents[1] / "migrations"``: right
+for a source checkout and an editable install (``pip install -e .``), the
+supported deployments.  A wheel install would need the directory shipped as
+package data; ``migrations_dir()`` refuses clearly when it is missing.
+
+Imports: the standard library, SQLAlchemy, Alembic and ``kiln_registry``'s
+errors only; never the API, probe or launcher layers.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final, Literal
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import URL, Connection, Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+import kiln_registry
+from kiln_registry.errors import ConfigError
+
+BUSY_TIMEOUT_MS: Final = 5000
+BEGIN_OPTION: Final = "kiln_sqlite_begin"
+_BEGIN_MODES: Final = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN DEFERRED"}
+_MAX_TABLES: Final = 1000
+_MAX_VERSION_ROWS: Final = 100
+LEGACY_V0_COLUMNS: Final = frozenset(
+    {
+        "alias",
+        "kind",
+        "provider",
+        "model_id",
+        "url",
+        "api_key_env",
+        "notes",
+        "spec_json",
+        "created_at",
+    }
+)
+
+DatabaseShape = Literal["empty", "alembic", "legacy_v0", "unknown"]
+
+
+def migrations_dir() -> Path:
+    """The repository's ``migrations/`` directory (see the module docstring)."""
+    path = Path(kiln_registry.__file__).resolve().parents[1] / "migrations"
+    if not (path / "env.py").is_file():
+        raise ConfigError(
+            f"the Alembic scripts are not at {path}",
+            rule="db.migrations_missing",
+            hint="run from a source checkout or an editable install (pip install -e .)",
+        )
+    return path
+
+
+def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+    # Hand BEGIN to SQLAlchemy (see _on_begin); pysqlite now never begins
+    # or commits on its own, so PRAGMAs below run outside any transaction.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise ConfigError(
+                f"SQLite refused WAL mode (journal_mode is {mode[0] if mode else None!r})",
+                rule="db.wal",
+                hint="put the database on a local file system that supports WAL",
+            )
+        cursor.execute("PRAGMA foreign_keys = ON")
+        enabled = cursor.execute("PRAGMA foreign_keys").fetchone()
+        if enabled is None or enabled[0] != 1:
+            raise ConfigError(
+                "this SQLite build cannot enforce foreign keys", rule="db.foreign_keys"
+            )
+        cursor.execute("PRAGMA synchronous = FULL")
+    finally:
+        cursor.close()
+
+
+def _on_begin(connection: Connection) -> None:
+    mode = connection.get_execution_options().get(BEGIN_OPTION, "IMMEDIATE")
+    statement = _BEGIN_MODES.get(mode)
+    if statement is None:
+        raise ConfigError(
+            f"execution option {BEGIN_OPTION}={mode!r} is not one of {sorted(_BEGIN_MODES)}",
+            rule="db.begin_mode",
+        )
+    connection.exec_driver_sql(statement)
+
+
+def open_engine(path: str | Path) -> Engine:
+    """An Engine on the SQLite file ``path``; its parent directory must exist.
+
+    The file is created if absent.  One connection is opened at once so
+    that a missing directory, a non-SQLite file or a file system without
+    WAL support fails here, with a ``ConfigError`` naming the path.
+    """
+    db_path = Path(path)
+    if not db_path.parent.is_dir():
+        raise ConfigError(
+            f"database directory {db_path.parent} does not exist",
+            rule="db.path",
+            hint="create the directory or point the registry at another database path",
+        )
+    if db_path.exists() and not db_path.is_file():
+        raise ConfigError(f"database path {db_path} is not a regular file", rule="db.path")
+    # URL.create keeps the path literal: no query-string or URI parsing.
+    # hide_parameters: a failed statement's error text (logged, chained into
+    # KilnErrors) names the SQL but never echoes the values bound to it.
+    engine = create_engine(
+        URL.create("sqlite+pysqlite", database=str(db_path)), hide_parameters=True
+    )
+    event.listen(engine, "connect", _on_connect)
+    event.listen(engine, "begin", _on_begin)
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        engine.dispose()
+        raise ConfigError(
+            f"cannot open SQLite database {db_path}: {exc.orig}", rule="db.open"
+        ) from exc
+    except ConfigError as exc:  # from _on_connect, which cannot see the path
+        engine.dispose()
+        raise ConfigError(
+            f"database {db_path}: {exc.message}", rule=exc.rule, hint=exc.hint
+        ) from exc
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions bound to ``engine``; objects stay readable after commit."""
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+@contextmanager
+def _read_connection(engine: Engine) -> Iterator[Connection]:
+    with engine.connect() as conn:
+        conn = conn.execution_options(**{BEGIN_OPTION: "DEFERRED"})
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+def _table_names(conn: Connection) -> list[str] | None:
+    """User tables in ``conn``'s main schema; None when there are absurdly many."""
+    rows = conn.execute(
+        text(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name LIMIT :cap"
+        ),
+        {"cap": _MAX_TABLES + 1},
+    ).all()
+    if len(rows) > _MAX_TABLES:
+        return None
+    return [str(row[0]) for row in rows]
+
+
+def _version_rows(conn: Connection) -> list[str]:
+    rows = conn.execute(
+        text("SELECT version_num FROM alembic_version LIMIT :cap"),
+        {"cap": _MAX_VERSION_ROWS + 1},
+    ).all()
+    return [str(row[0]) for row in rows]
+
+
+def detect_database_shape(conn: Connection) -> DatabaseShape:
+    """Classify the database behind ``conn`` before any migration touches it.
+
+    ``empty``: no user tables (or only an empty ``alembic_version``).
+    ``alembic``: ``alembic_version`` holds a revision.  ``legacy_v0``: exactly
+    the pre-Alembic ``teachers`` table and nothing else.  ``unknown``:
+    anything else, which the registry must not touch.
+    """
+    tables = _table_names(conn)
+    if tables is None:
+        return "unknown"
+    if "alembic_version" in tables:
+        if _version_rows(conn):
+            return "alembic"
+        return "empty" if tables == ["alembic_version"] else "unknown"
+    if not tables:
+        return "empty"
+    if tables == ["teachers"]:
+        columns = {str(row[1]) for row in conn.exec_driver_sql("PRAGMA table_info(teachers)")}
+        if columns == LEGACY_V0_COLUMNS:
+            return "legacy_v0"
+    return "unknown"
+
+
+def _alembic_config(script_location: Path, conn: Connection | None = None) -> Config:
+    config = Config()
+    # Config values go through configparser interpolation: escape '%'.
+    config.set_main_option("script_location", str(script_location).replace("%", "%%"))
+    if conn is not None:
+        config.attributes["connection"] = conn
+    return config
+
+
+def _known_revisions(script: ScriptDirectory) -> set[str]:
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+def _refuse_unusable(conn: Connection, script: ScriptDirectory, where: str) -> None:
+    """Raise unless ``conn``'s database is one the upgrade may touch."""
+    shape = detect_database_shape(conn)
+    if shape == "legacy_v0":
+        # Hook for the legacy-upgrade issue: it will convert instead of refuse.
+        raise ConfigError(
+            f"database {where} is a pre-Alembic (legacy) registry; "
+            "this release cannot upgrade it yet",
+            rule="db.legacy_unsupported",
+            hint="keep using the release that wrote it, or move it aside and start afresh",
+        )
+    if shape == "unknown":
+        raise ConfigError(
+            f"unrecognised database {where}: it has tables but no Alembic revision "
+            "and is not a known registry layout",
+            rule="db.unrecognised",
+            hint="point the registry at its own database file, or at a new path",
+        )
+    if shape == "alembic":
+        unknown = sorted(set(_version_rows(conn)) - _known_revisions(script))
+        if unknown:
+            raise ConfigError(
+                f"database {where} is at revision {', '.join(unknown)}, "
+                "which this kiln-registry does not know (written by a newer release?)",
+                rule="db.newer_revision",
+                hint="run the kiln-registry release that wrote it, or restore a backup",
+            )
+
+
+def upgrade_to_head(engine: Engine, *, script_location: Path | None = None) -> str:
+    """Bring the database to the newest revision in ONE transaction; return that revision.
+
+    ``script_location`` defaults to ``migrations_dir()`` (tests pass a copy).
+    Refuses (``ConfigError``) an unrecognised or legacy database and one at a
+    revision the scripts do not know.  If any revision fails, everything
+    rolls back: the file stays at the revision it had.
+    """
+    location = script_location if script_location is not None else migrations_dir()
+    script = ScriptDirectory.from_config(_alembic_config(location))
+    where = str(engine.url.database)
+    # engine.begin(): BEGIN IMMEDIATE now, so two starting servers cannot
+    # both see "at 0001" and both upgrade; COMMIT only if all succeeded.
+    with engine.begin() as conn:
+        _refuse_unusable(conn, script, where)
+        command.upgrade(_alembic_config(location, conn), "head")
+        revision = MigrationContext.configure(conn).get_current_revision()
+    if revision is None:
+        raise ConfigError(f"database {where} has no revision after upgrade", rule="db.upgrade")
+    return revision
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The database's Alembic revision, or None when it has none (e.g. empty)."""
+    with _read_connection(engine) as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision(script_location: Path | None = None) -> str:
+    """The single head of the script directory (a test keeps the history linear)."""
+    location = script_location if script_location is not None else migrations_dir()
+    head = ScriptDirectory.from_config(_alembic_config(location)).get_current_head()
+    if head is None:
+        raise ConfigError(f"no Alembic revisions under {location}", rule="db.migrations_missing")
+    return head

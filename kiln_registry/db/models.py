@@ -1,0 +1,112 @@
+"""SQLAlchemy 2 declarative rows for the registry database.
+
+This module owns the Python view of the tables (``TeacherRow``,
+``ProbeReceiptRow``), the allowed values of their CHECK-constrained columns
+and the timestamp format.  It does NOT own the schema: Alembic revisions
+under ``migrations/versions`` create and change tables with explicit ``op.*``
+code, and ``metadata`` here is kept in step with them for reference (a test
+compares the two).  No row holds a secret: teachers store a ``credential_id``
+(a name), never a key.
+
+Imports: the standard library and SQLAlchemy only.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Final
+
+from sqlalchemy import CheckConstraint, Index, Integer, MetaData, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TEACHER_KINDS: Final = ("remote", "local", "fixture")
+TEACHER_STATUSES: Final = (
+    "verified",
+    "configured",
+    "legacy_unverified",
+    "unavailable",
+    "launching",
+)
+RECEIPT_OUTCOMES: Final = ("passed", "failed")
+
+# Explicit constraint names keep Alembic batch operations on SQLite
+# deterministic: a batch "move and copy" can only drop or alter a constraint
+# it can name.
+NAMING_CONVENTION: Final = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utc_timestamp() -> str:
+    """The current time as ISO-8601 UTC with microseconds, e.g. ``2025-01-02T03:04:05.000006Z``.
+
+    Fixed width, so text order is time order.
+    """
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _in_list(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{value}'" for value in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class TeacherRow(Base):
+    """One registered alias.  Immutable identity; only status fields change."""
+
+    __tablename__ = "teachers"
+    __table_args__ = (
+        CheckConstraint(_in_list("kind", TEACHER_KINDS), name="kind"),
+        CheckConstraint(_in_list("status", TEACHER_STATUSES), name="status"),
+    )
+
+    alias: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    provider: Mapped[str | None] = mapped_column(Text)
+    model_id: Mapped[str | None] = mapped_column(Text)
+    url: Mapped[str | None] = mapped_column(Text)
+    credential_id: Mapped[str | None] = mapped_column(Text)
+    notes: Mapped[str | None] = mapped_column(Text)
+    adapter: Mapped[str | None] = mapped_column(Text)
+    launch_profile: Mapped[str | None] = mapped_column(Text)
+    identity_json: Mapped[str | None] = mapped_column(Text)
+    identity_digest: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    status_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
+    updated_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
+
+    def __repr__(self) -> str:
+        return f"TeacherRow(alias={self.alias!r}, kind={self.kind!r}, status={self.status!r})"
+
+
+class ProbeReceiptRow(Base):
+    """The outcome of one identity probe.  No foreign key: receipts outlive their alias."""
+
+    __tablename__ = "probe_receipts"
+    __table_args__ = (
+        CheckConstraint(_in_list("outcome", RECEIPT_OUTCOMES), name="outcome"),
+        Index("ix_probe_receipts_alias_created_at", "alias", "created_at"),
+        # AUTOINCREMENT: a deleted receipt's id is never handed out again.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    alias: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
+    outcome: Mapped[str] = mapped_column(Text)
+    identity_digest: Mapped[str | None] = mapped_column(Text)
+    report_json: Mapped[str] = mapped_column(Text)
+
+    def __repr__(self) -> str:
+        return f"ProbeReceiptRow(id={self.id!r}, alias={self.alias!r}, outcome={self.outcome!r})"
+
+
+metadata: Final = Base.metadata

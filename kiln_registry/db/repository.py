@@ -1,0 +1,193 @@
+"""Data access for teachers and probe receipts: the only place registry SQL is built.
+
+``TeacherRepository`` wraps a caller's ``Session`` and NEVER commits or
+rolls back the outer transaction; ``unit_of_work(factory)`` is the one place
+that does (the API's request-scoped dependency and the CLI both use it).
+
+Alias immutability is the ``teachers`` primary key, not a check-then-insert:
+two concurrent registrations of one alias both reach the INSERT, and the
+loser's constraint violation is translated to ``AliasExists`` here, inside a
+SAVEPOINT so that the caller's transaction stays usable.
+
+Every list is bounded by an explicit limit checked before the query runs.
+Rows hold no secrets (a ``credential_id`` is a name), so nothing here needs
+redaction; callers must still keep secrets out of ``notes``, status messages
+and receipt reports.
+
+Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` and
+``kiln_registry.errors`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Final, cast
+
+from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from kiln_registry.db.models import (
+    RECEIPT_OUTCOMES,
+    TEACHER_KINDS,
+    TEACHER_STATUSES,
+    ProbeReceiptRow,
+    TeacherRow,
+    utc_timestamp,
+)
+from kiln_registry.errors import AliasExists, InputError, RegistrationInvalid, TeacherNotFound
+
+MAX_LIST_LIMIT: Final = 10_000
+MAX_RECEIPT_LIMIT: Final = 1_000
+MAX_REPORT_BYTES: Final = 1 << 20
+MAX_STATUS_MESSAGE_CHARS: Final = 2_000
+_UNIQUE_ERRORS: Final = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
+
+
+def _check_limit(limit: int, ceiling: int, name: str) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= ceiling:
+        raise InputError(f"{name} must be an integer from 1 to {ceiling}", rule="db.limit")
+
+
+def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise RegistrationInvalid(
+            f"{field} {value!r} is not one of {', '.join(allowed)}", rule=f"teacher.{field}"
+        )
+
+
+def _is_unique_violation(exc: IntegrityError) -> bool:
+    orig = exc.orig
+    return (
+        isinstance(orig, sqlite3.IntegrityError)
+        and getattr(orig, "sqlite_errorname", None) in _UNIQUE_ERRORS
+    )
+
+
+def _report_json(report: Mapping[str, Any]) -> str:
+    """Canonical-ish JSON of a receipt report, refused above ``MAX_REPORT_BYTES``."""
+    try:
+        encoded = json.dumps(
+            report, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"probe receipt report is not JSON: {exc}", rule="db.receipt") from exc
+    if len(encoded.encode("utf-8")) > MAX_REPORT_BYTES:
+        raise InputError(
+            f"probe receipt report exceeds {MAX_REPORT_BYTES} bytes", rule="db.receipt_size"
+        )
+    return encoded
+
+
+def _clip(message: str | None) -> str | None:
+    if message is None or len(message) <= MAX_STATUS_MESSAGE_CHARS:
+        return message
+    return message[: MAX_STATUS_MESSAGE_CHARS - 1] + "…"
+
+
+class TeacherRepository:
+    """Teachers and their probe receipts, within the caller's session and transaction."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def insert(self, row: TeacherRow) -> None:
+        """Add a new alias; ``AliasExists`` if it is already registered."""
+        _check_choice("kind", row.kind, TEACHER_KINDS)
+        _check_choice("status", row.status, TEACHER_STATUSES)
+        # An unset mapped attribute reads as None until flush; both
+        # timestamps get the same instant rather than two column defaults.
+        if row.created_at is None:
+            row.created_at = utc_timestamp()
+        if row.updated_at is None:
+            row.updated_at = row.created_at
+        try:
+            with self._session.begin_nested():
+                self._session.add(row)
+        except IntegrityError as exc:
+            if not _is_unique_violation(exc):
+                raise
+            raise AliasExists(f"teacher alias {row.alias!r} is already registered") from exc
+
+    def get(self, alias: str) -> TeacherRow | None:
+        return self._session.get(TeacherRow, alias)
+
+    def list_all(self, limit: int = MAX_LIST_LIMIT) -> list[TeacherRow]:
+        """Up to ``limit`` teachers, ordered by alias."""
+        _check_limit(limit, MAX_LIST_LIMIT, "limit")
+        query = select(TeacherRow).order_by(TeacherRow.alias).limit(limit)
+        return list(self._session.scalars(query))
+
+    def delete(self, alias: str) -> bool:
+        """Remove an alias (its receipts stay); False if it was not registered."""
+        result = self._session.execute(
+            delete(TeacherRow).where(TeacherRow.alias == alias),
+            execution_options={"synchronize_session": "fetch"},
+        )
+        return cast("CursorResult[Any]", result).rowcount > 0
+
+    def update_status(self, alias: str, status: str, message: str | None) -> None:
+        """Set the alias's status and message; ``TeacherNotFound`` if it is not registered.
+
+        Messages longer than ``MAX_STATUS_MESSAGE_CHARS`` are clipped.
+        """
+        _check_choice("status", status, TEACHER_STATUSES)
+        result = self._session.execute(
+            update(TeacherRow)
+            .where(TeacherRow.alias == alias)
+            .values(status=status, status_message=_clip(message), updated_at=utc_timestamp()),
+            execution_options={"synchronize_session": "fetch"},
+        )
+        if cast("CursorResult[Any]", result).rowcount == 0:
+            raise TeacherNotFound(f"teacher alias {alias!r} is not registered")
+
+    def add_receipt(
+        self,
+        alias: str,
+        outcome: str,
+        identity_digest: str | None,
+        report: Mapping[str, Any],
+    ) -> int:
+        """Record one probe outcome and return the receipt's id."""
+        if outcome not in RECEIPT_OUTCOMES:
+            raise InputError(
+                f"receipt outcome {outcome!r} is not one of {', '.join(RECEIPT_OUTCOMES)}",
+                rule="db.receipt_outcome",
+            )
+        receipt = ProbeReceiptRow(
+            alias=alias,
+            outcome=outcome,
+            identity_digest=identity_digest,
+            report_json=_report_json(report),
+        )
+        self._session.add(receipt)
+        self._session.flush()
+        return receipt.id
+
+    def list_receipts(self, alias: str, limit: int = 100) -> list[ProbeReceiptRow]:
+        """The alias's newest ``limit`` receipts, newest first."""
+        _check_limit(limit, MAX_RECEIPT_LIMIT, "limit")
+        query = (
+            select(ProbeReceiptRow)
+            .where(ProbeReceiptRow.alias == alias)
+            .order_by(ProbeReceiptRow.created_at.desc(), ProbeReceiptRow.id.desc())
+            .limit(limit)
+        )
+        return list(self._session.scalars(query))
+
+
+@contextmanager
+def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One transaction: commit when the block succeeds, roll back when it raises."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

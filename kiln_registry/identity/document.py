@@ -1,0 +1,400 @@
+"""The TeacherIdentityV1 document (identity-spec.md section 1).
+
+Owns the 14-key identity, its value rules, its canonical bytes ``J``, its
+digest and revision, and the launcher's stricter rules (served-model-id
+pattern, adapter name, ``vllm:<version>`` with version >= 0.20.1rc0).  A
+``TeacherIdentity`` is validated when it is constructed, so every instance
+in the program is a valid identity.  The shared value checks (bounded text,
+hex, integer ranges) live here too and are reused by the input manifest and
+the inference config.
+
+Refusals are ``IdentityError`` with ``rule="identity.<name>"`` (or
+``bounds.<name>`` for section 6).  Imports: standard library,
+``kiln_registry.errors`` and ``kiln_registry.identity`` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kiln_registry.errors import IdentityError
+from kiln_registry.identity.bounds import validate_max_candidates
+from kiln_registry.identity.canonical import canonical_json
+
+SCHEMA = "kiln.teacher-identity.v1"
+PROTOCOL = "vllm.prompt-logprobs.numeric-token-ids.causal.v1"
+LOGPROBS_MODE = "raw_logprobs"
+IDENTITY_KEYS: tuple[str, ...] = (
+    "schema",
+    "protocol",
+    "served_model_id",
+    "base_model_sha256",
+    "tokenizer_vocab_sha256",
+    "tokenizer_config_sha256",
+    "adapter",
+    "vocab_size",
+    "max_top_k",
+    "max_model_len",
+    "max_prompt_logprob_candidates",
+    "logprobs_mode",
+    "implementation",
+    "inference_config_sha256",
+)
+ADAPTER_KEYS: tuple[str, ...] = ("name", "weights_sha256", "config_sha256")
+
+MAX_IDENTITY_BYTES = 4096
+MAX_TEXT_BYTES = 256
+MAX_VOCAB_SIZE = 16_777_216
+MAX_TOP_K = 65_536
+MAX_MODEL_LEN = 16_777_216
+MIN_VLLM_VERSION = "0.20.1rc0"
+
+# Unicode White_Space (what Rust's str::trim strips), and general category Cc.
+WHITE_SPACE = frozenset(
+    "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
+    + "".join(chr(c) for c in range(0x2000, 0x200B))
+)
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_SERVED_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+_VERSION = re.compile(
+    r"(?P<release>[0-9]+(?:\.[0-9]+)*)"
+    r"(?:(?P<pre_l>a|b|rc)(?P<pre_n>[0-9]+))?"
+    r"(?:\.post(?P<post>[0-9]+))?"
+    r"(?:\.dev(?P<dev>[0-9]+))?"
+    r"(?:\+[A-Za-z0-9]+(?:\.[A-Za-z0-9]+)*)?"
+)
+_PRE_PHASES = {"a": 0, "b": 1, "rc": 2}
+
+VersionKey = tuple[tuple[int, ...], int, int, int, tuple[int, int]]
+
+
+def show(value: object, limit: int = 60) -> str:
+    """A bounded repr for messages: untrusted values never flood a log line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_hex64(value: object) -> bool:
+    """True for exactly 64 lowercase hexadecimal characters."""
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
+def check_hex(value: object, field: str, *, prefix: str = "identity") -> str:
+    if not isinstance(value, str) or not is_hex64(value):
+        raise IdentityError(
+            f"{field} must be 64 lowercase hex characters, got {show(value)}",
+            rule=f"{prefix}.hex",
+        )
+    return value
+
+
+def check_int(value: object, field: str, low: int, high: int, *, prefix: str = "identity") -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise IdentityError(
+            f"{field} must be a JSON integer, got {type(value).__name__}",
+            rule=f"{prefix}.integer_type",
+        )
+    if not low <= value <= high:
+        raise IdentityError(
+            f"{field} must be in {low}..={high}, got {value}", rule=f"{prefix}.integer_range"
+        )
+    return value
+
+
+def check_text(value: object, field: str, *, prefix: str = "identity") -> str:
+    """Bounded text: non-empty, <= 256 UTF-8 bytes, no edge white space, no Cc."""
+    if not isinstance(value, str):
+        raise IdentityError(
+            f"{field} must be a string, got {type(value).__name__}", rule=f"{prefix}.text_type"
+        )
+    if len(value) > MAX_TEXT_BYTES:
+        size = len(value)  # a character is at least one byte: no need to encode it all
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise IdentityError(
+                f"{field} is not valid UTF-8 (lone surrogate)", rule=f"{prefix}.text_utf8"
+            ) from None
+    if size == 0:
+        raise IdentityError(f"{field} must not be empty", rule=f"{prefix}.text_empty")
+    if size > MAX_TEXT_BYTES:
+        raise IdentityError(
+            f"{field} is over {MAX_TEXT_BYTES} UTF-8 bytes", rule=f"{prefix}.text_too_long"
+        )
+    if value[0] in WHITE_SPACE or value[-1] in WHITE_SPACE:
+        raise IdentityError(
+            f"{field} has leading or trailing white space: {show(value)}",
+            rule=f"{prefix}.text_whitespace",
+        )
+    for ch in value:
+        if ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F:
+            raise IdentityError(
+                f"{field} contains the control character U+{ord(ch):04X}",
+                rule=f"{prefix}.text_control",
+            )
+    return value
+
+
+def check_keys(
+    obj: object, expected: tuple[str, ...], field: str, *, prefix: str
+) -> dict[str, object]:
+    """``obj`` must be a mapping with exactly ``expected`` keys (any order)."""
+    if not isinstance(obj, Mapping):
+        raise IdentityError(
+            f"{field} must be a JSON object, got {type(obj).__name__}",
+            rule=f"{prefix}.not_object",
+        )
+    keys = list(obj.keys())
+    missing = [k for k in expected if k not in obj]
+    unknown = [k for k in keys if k not in expected]
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(show(k, 40) for k in missing[:5]))
+        if unknown:
+            parts.append("unknown " + ", ".join(show(k, 40) for k in unknown[:5]))
+        raise IdentityError(f"{field} keys: " + "; ".join(parts), rule=f"{prefix}.keys")
+    return {str(k): obj[k] for k in keys}
+
+
+def version_key(version: str) -> VersionKey | None:
+    """PEP 440 ordering key of a normalized version without epoch, or None."""
+    match = _VERSION.fullmatch(version)
+    if match is None:
+        return None
+    release = tuple(int(part) for part in match["release"].split("."))
+    while len(release) > 1 and release[-1] == 0:
+        release = release[:-1]
+    post = -1 if match["post"] is None else int(match["post"])
+    dev = (1, 0) if match["dev"] is None else (0, int(match["dev"]))  # no .dev sorts last
+    if match["pre_l"] is not None:
+        phase, number = _PRE_PHASES[match["pre_l"]], int(match["pre_n"])
+    elif match["dev"] is not None and match["post"] is None:
+        phase, number = -1, 0  # X.devN sorts before X's pre-releases
+    else:
+        phase, number = 3, 0
+    return (release, phase, number, post, dev)
+
+
+def vllm_version_supported(version: str) -> bool:
+    key = version_key(version)
+    minimum = version_key(MIN_VLLM_VERSION)
+    return key is not None and minimum is not None and key >= minimum
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterIdentity:
+    """The static adapter bound into an identity (name, weights and config digests)."""
+
+    name: str
+    weights_sha256: str
+    config_sha256: str
+
+    def __post_init__(self) -> None:
+        check_text(self.name, "adapter.name")
+        check_hex(self.weights_sha256, "adapter.weights_sha256")
+        check_hex(self.config_sha256, "adapter.config_sha256")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "weights_sha256": self.weights_sha256,
+            "config_sha256": self.config_sha256,
+        }
+
+    @classmethod
+    def from_mapping(
+        cls, obj: object, *, field: str = "adapter", prefix: str = "identity"
+    ) -> AdapterIdentity:
+        values = check_keys(obj, ADAPTER_KEYS, field, prefix=prefix)
+        return cls(
+            name=check_text(values["name"], f"{field}.name", prefix=prefix),
+            weights_sha256=check_hex(
+                values["weights_sha256"], f"{field}.weights_sha256", prefix=prefix
+            ),
+            config_sha256=check_hex(
+                values["config_sha256"], f"{field}.config_sha256", prefix=prefix
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TeacherIdentity:
+    """TeacherIdentityV1; ``schema``, ``protocol`` and ``logprobs_mode`` are constants."""
+
+    served_model_id: str
+    base_model_sha256: str
+    tokenizer_vocab_sha256: str
+    tokenizer_config_sha256: str
+    adapter: AdapterIdentity | None
+    vocab_size: int
+    max_top_k: int
+    max_model_len: int
+    max_prompt_logprob_candidates: int
+    implementation: str
+    inference_config_sha256: str
+
+    def __post_init__(self) -> None:
+        _validate_values(self)
+
+    def to_dict(self) -> dict[str, object]:
+        """The document with its 14 keys in normative order."""
+        return {
+            "schema": SCHEMA,
+            "protocol": PROTOCOL,
+            "served_model_id": self.served_model_id,
+            "base_model_sha256": self.base_model_sha256,
+            "tokenizer_vocab_sha256": self.tokenizer_vocab_sha256,
+            "tokenizer_config_sha256": self.tokenizer_config_sha256,
+            "adapter": None if self.adapter is None else self.adapter.to_dict(),
+            "vocab_size": self.vocab_size,
+            "max_top_k": self.max_top_k,
+            "max_model_len": self.max_model_len,
+            "max_prompt_logprob_candidates": self.max_prompt_logprob_candidates,
+            "logprobs_mode": LOGPROBS_MODE,
+            "implementation": self.implementation,
+            "inference_config_sha256": self.inference_config_sha256,
+        }
+
+    def canonical_bytes(self) -> bytes:
+        """``J``: compact, raw-UTF-8 JSON in normative key order."""
+        return canonical_json(self.to_dict())
+
+    def digest(self) -> str:
+        """The identity digest ``hex(sha256(J))``."""
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+    def revision(self) -> str:
+        """The API's ``identity_revision``: ``"sha256:" + digest``."""
+        return "sha256:" + self.digest()
+
+    def fingerprint(self) -> str:
+        """``kiln-teacher-v1.<base64url(J)>.<hex(sha256(J))>``."""
+        # Imported here because fingerprint.py imports this module.
+        from kiln_registry.identity.fingerprint import encode_fingerprint
+
+        return encode_fingerprint(self)
+
+    @classmethod
+    def from_mapping(cls, obj: object, *, launcher_strict: bool = False) -> TeacherIdentity:
+        """Build from a decoded JSON object: exactly the 14 keys, every value valid.
+
+        Keys may come in any order here; ``verify_fingerprint`` also checks order.
+        Values are checked in normative key order, so the first bad one is named.
+        """
+        values = check_keys(obj, IDENTITY_KEYS, "identity", prefix="identity")
+        _check_constant(values["schema"], "schema", SCHEMA)
+        _check_constant(values["protocol"], "protocol", PROTOCOL)
+        served = check_text(values["served_model_id"], "served_model_id")
+        base = check_hex(values["base_model_sha256"], "base_model_sha256")
+        vocab_hash = check_hex(values["tokenizer_vocab_sha256"], "tokenizer_vocab_sha256")
+        config_hash = check_hex(values["tokenizer_config_sha256"], "tokenizer_config_sha256")
+        raw_adapter = values["adapter"]
+        adapter = None if raw_adapter is None else AdapterIdentity.from_mapping(raw_adapter)
+        vocab, top_k, model_len = _check_sizes(
+            values["vocab_size"], values["max_top_k"], values["max_model_len"]
+        )
+        candidates = validate_max_candidates(
+            values["max_prompt_logprob_candidates"],  # type: ignore[arg-type]
+            max_top_k=top_k,
+            vocab_size=vocab,
+            max_model_len=model_len,
+        )
+        _check_constant(values["logprobs_mode"], "logprobs_mode", LOGPROBS_MODE)
+        identity = cls(
+            served_model_id=served,
+            base_model_sha256=base,
+            tokenizer_vocab_sha256=vocab_hash,
+            tokenizer_config_sha256=config_hash,
+            adapter=adapter,
+            vocab_size=vocab,
+            max_top_k=top_k,
+            max_model_len=model_len,
+            max_prompt_logprob_candidates=candidates,
+            implementation=check_text(values["implementation"], "implementation"),
+            inference_config_sha256=check_hex(
+                values["inference_config_sha256"], "inference_config_sha256"
+            ),
+        )
+        if launcher_strict:
+            _validate_launcher_strict(identity)
+        return identity
+
+
+def _check_sizes(
+    vocab_size: object, max_top_k: object, max_model_len: object
+) -> tuple[int, int, int]:
+    """vocab_size, max_top_k (<= vocab_size) and max_model_len, in normative order."""
+    vocab = check_int(vocab_size, "vocab_size", 1, MAX_VOCAB_SIZE)
+    top_k = check_int(max_top_k, "max_top_k", 1, MAX_TOP_K)
+    if top_k > vocab:
+        raise IdentityError(
+            f"max_top_k {top_k} exceeds vocab_size {vocab}", rule="identity.top_k_above_vocab"
+        )
+    model_len = check_int(max_model_len, "max_model_len", 1, MAX_MODEL_LEN)
+    return vocab, top_k, model_len
+
+
+def _check_constant(value: object, field: str, expected: str) -> None:
+    if value != expected or not isinstance(value, str):
+        raise IdentityError(
+            f"{field} must be {expected!r}, got {show(value)}", rule=f"identity.{field}"
+        )
+
+
+def _validate_values(identity: TeacherIdentity) -> None:
+    check_text(identity.served_model_id, "served_model_id")
+    check_hex(identity.base_model_sha256, "base_model_sha256")
+    check_hex(identity.tokenizer_vocab_sha256, "tokenizer_vocab_sha256")
+    check_hex(identity.tokenizer_config_sha256, "tokenizer_config_sha256")
+    if identity.adapter is not None and not isinstance(identity.adapter, AdapterIdentity):
+        raise IdentityError("adapter must be null or an object", rule="identity.adapter_shape")
+    vocab, top_k, model_len = _check_sizes(
+        identity.vocab_size, identity.max_top_k, identity.max_model_len
+    )
+    validate_max_candidates(
+        identity.max_prompt_logprob_candidates,
+        max_top_k=top_k,
+        vocab_size=vocab,
+        max_model_len=model_len,
+    )
+    check_text(identity.implementation, "implementation")
+    check_hex(identity.inference_config_sha256, "inference_config_sha256")
+    size = len(identity.canonical_bytes())
+    if size > MAX_IDENTITY_BYTES:
+        raise IdentityError(
+            f"canonical identity is {size} bytes, over {MAX_IDENTITY_BYTES}", rule="identity.size"
+        )
+
+
+def _validate_launcher_strict(identity: TeacherIdentity) -> None:
+    if _SERVED_MODEL_ID.fullmatch(identity.served_model_id) is None:
+        raise IdentityError(
+            f"served_model_id {show(identity.served_model_id)} does not match"
+            " ^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+            rule="identity.served_model_id_pattern",
+        )
+    if identity.adapter is not None and identity.adapter.name != identity.served_model_id:
+        raise IdentityError(
+            f"adapter.name {show(identity.adapter.name)} must equal served_model_id"
+            f" {show(identity.served_model_id)}",
+            rule="identity.adapter_name",
+        )
+    impl = identity.implementation
+    if not impl.startswith("vllm:") or not vllm_version_supported(impl[len("vllm:") :]):
+        raise IdentityError(
+            f"implementation {show(impl)} must be 'vllm:<version>' with version"
+            f" >= {MIN_VLLM_VERSION}",
+            rule="identity.implementation",
+        )
+
+
+def validate_identity(identity: TeacherIdentity, *, launcher_strict: bool = False) -> None:
+    """Check every value rule of section 1 (and the launcher's, when strict)."""
+    _validate_values(identity)
+    if launcher_strict:
+        _validate_launcher_strict(identity)

@@ -1,0 +1,230 @@
+"""Streaming, rate-limited, parallel SHA-256 of files.
+
+Owns ``ReadRateLimiter`` (one token bucket shared by every phase and file of a
+launch or an inspection, never reset) and ``hash_file`` / ``hash_files``, which
+read a file exactly once, in bounded chunks, and refuse a file that is not a
+regular file or that grows, shrinks or is replaced while it is read.  Memory
+use does not depend on file size: each worker holds one chunk buffer.
+
+Imports: standard library and ``kiln_registry.identity`` / ``kiln_registry.errors``
+only (no sockets, subprocesses, database or web framework).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from kiln_registry.errors import IdentityError
+from kiln_registry.identity.digests import FileRecord
+
+CHUNK_BYTES = 1024 * 1024
+MIB = 1024 * 1024
+MAX_MIB_PER_SECOND = 16384
+MAX_WORKERS = 256
+
+PathLike = str | os.PathLike[str]
+
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    # O_NONBLOCK keeps open() of a FIFO from blocking; it does not change reads
+    # of a regular file.
+    | getattr(os, "O_NONBLOCK", 0)
+)
+
+
+class ReadRateLimiter:
+    """A thread-safe token bucket over bytes read, shared by every reader.
+
+    ``mib_per_second=None`` means unlimited (bytes are still counted).  A
+    reader first reserves its bytes, possibly going into debt, and then
+    sleeps outside the lock until the bucket has paid that debt, so several
+    threads together never exceed the rate.  The bucket holds at most one
+    second of credit and is never reset.
+    """
+
+    def __init__(self, mib_per_second: int | None) -> None:
+        if mib_per_second is not None and (
+            not isinstance(mib_per_second, int)
+            or isinstance(mib_per_second, bool)
+            or not 1 <= mib_per_second <= MAX_MIB_PER_SECOND
+        ):
+            raise IdentityError(
+                f"read rate limit must be an integer MiB/s in 1..={MAX_MIB_PER_SECOND},"
+                f" got {mib_per_second!r}",
+                rule="rate_limit.range",
+            )
+        self._rate: float | None = None if mib_per_second is None else float(mib_per_second * MIB)
+        self.mib_per_second = mib_per_second
+        self._lock = threading.Lock()
+        self._tokens = self._rate or 0.0
+        self._stamp = time.monotonic()
+        self._total = 0
+
+    def acquire(self, nbytes: int) -> None:
+        """Account for ``nbytes`` about to be read; sleep as long as the rate requires."""
+        if nbytes < 0:
+            raise ValueError("nbytes must not be negative")
+        with self._lock:
+            self._total += nbytes
+            if self._rate is None:
+                return
+            now = time.monotonic()
+            self._tokens = min(self._rate, self._tokens + (now - self._stamp) * self._rate)
+            self._stamp = now
+            self._tokens -= nbytes
+            wait = -self._tokens / self._rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            time.sleep(wait)
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return self._total
+
+    def __repr__(self) -> str:
+        return f"ReadRateLimiter(mib_per_second={self.mib_per_second!r})"
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IdentityError(
+                f"{path} is a symbolic link; identity files must be regular files",
+                rule="file.symlink",
+            ) from None
+        raise IdentityError(f"cannot open {path}: {exc.strerror}", rule="file.unreadable") from None
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise IdentityError(f"cannot stat {path}: {exc.strerror}", rule="file.unreadable") from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise IdentityError(
+            f"{path} is not a regular file (FIFO, socket, device or directory)",
+            rule="file.not_regular",
+        )
+    return fd, info
+
+
+def _read_exactly(fd: int, path: str, length: int, limiter: ReadRateLimiter) -> bytes:
+    """Hash exactly ``length`` bytes of ``fd`` and prove nothing follows them."""
+    digest = hashlib.sha256()
+    buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
+    view = memoryview(buffer)
+    remaining = length
+    with open(fd, "rb", buffering=0, closefd=False) as stream:
+        while remaining:
+            want = min(len(buffer), remaining)
+            limiter.acquire(want)
+            got = stream.readinto(view[:want])
+            if not got:
+                raise IdentityError(
+                    f"{path} became shorter while it was read ({length - remaining} of"
+                    f" {length} bytes)",
+                    rule="file.shrunk",
+                )
+            digest.update(view[:got])
+            remaining -= got
+        if stream.read(1):
+            raise IdentityError(f"{path} grew while it was read", rule="file.grew")
+    return digest.digest()
+
+
+def hash_file(
+    path: PathLike,
+    *,
+    limiter: ReadRateLimiter,
+    expected_length: int | None = None,
+) -> FileRecord:
+    """SHA-256 of one regular file, read once through ``limiter``.
+
+    ``expected_length`` is the size seen by an earlier inventory; a file whose
+    size differs from it, or whose device, inode, size or mtime change while
+    it is read, is refused.
+    """
+    text = os.fspath(path)
+    fd, before = _open_regular(text)
+    try:
+        if expected_length is not None and before.st_size != expected_length:
+            raise IdentityError(
+                f"{text} is {before.st_size} bytes but the inventory saw {expected_length}",
+                rule="file.changed",
+            )
+        try:
+            digest = _read_exactly(fd, text, before.st_size, limiter)
+            after = os.fstat(fd)
+            on_path = os.stat(text, follow_symlinks=False)
+        except OSError as exc:
+            raise IdentityError(
+                f"cannot read {text}: {exc.strerror}", rule="file.unreadable"
+            ) from None
+    finally:
+        os.close(fd)
+    if _identity(after) != _identity(before):
+        raise IdentityError(f"{text} was modified while it was read", rule="file.changed")
+    if _identity(on_path) != _identity(before):
+        raise IdentityError(f"{text} was replaced while it was read", rule="file.replaced")
+    return FileRecord(digest=digest, length=before.st_size)
+
+
+def _worker_count(workers: int | None, jobs: int) -> int:
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise IdentityError(
+            f"workers must be a positive integer, got {workers!r}", rule="hashing.workers"
+        )
+    return max(1, min(workers, MAX_WORKERS, jobs))
+
+
+def hash_files(
+    paths: Sequence[PathLike],
+    *,
+    limiter: ReadRateLimiter,
+    workers: int | None = None,
+    expected_lengths: Sequence[int | None] | None = None,
+) -> list[FileRecord]:
+    """Hash many files in parallel; results are in input order.
+
+    The digests never depend on ``workers`` (default ``os.cpu_count()``).
+    Larger files are started first so that the last worker is not left with
+    the biggest file.  The first failure cancels the files not yet started.
+    """
+    if expected_lengths is not None and len(expected_lengths) != len(paths):
+        raise ValueError("expected_lengths must match paths")
+    lengths: Sequence[int | None] = expected_lengths or [None] * len(paths)
+    count = _worker_count(workers, len(paths))
+    if count == 1:
+        return [
+            hash_file(p, limiter=limiter, expected_length=n)
+            for p, n in zip(paths, lengths, strict=True)
+        ]
+    order = sorted(range(len(paths)), key=lambda i: -(lengths[i] or 0))
+    results: list[FileRecord | None] = [None] * len(paths)
+    executor = ThreadPoolExecutor(max_workers=count, thread_name_prefix="kiln-hash")
+    try:
+        futures: dict[int, Future[FileRecord]] = {
+            i: executor.submit(hash_file, paths[i], limiter=limiter, expected_length=lengths[i])
+            for i in order
+        }
+        for i in order:
+            results[i] = futures[i].result()
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+    return [r for r in results if r is not None]

@@ -1,0 +1,264 @@
+"""The precomputed teacher input ``kiln.vllm-teacher-input.v2`` (identity-spec.md section 9).
+
+Owns reading and validating the strict input file that lets
+``--manifest-only`` and ``--dry-run`` compute an identity without importing
+vLLM, Transformers or torch and without reading model weights; it never
+serves a real launch.  Also owns the ``runtime_versions`` and
+``accelerator`` value rules, which the inference config reuses.
+
+The file must be a regular file (not a symlink) of at most 64 KiB, checked
+before it is read whole, holding strict JSON with exactly the spec's keys.
+Refusals are ``IdentityError`` with ``rule="input.<name>"`` (or
+``json.<name>``) naming the file.  Imports: standard library,
+``kiln_registry.errors`` and ``kiln_registry.identity`` only.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kiln_registry.errors import IdentityError
+from kiln_registry.identity.canonical import strict_json_loads
+from kiln_registry.identity.digests import ADAPTER_RANK_CAPS
+from kiln_registry.identity.document import (
+    MAX_VOCAB_SIZE,
+    AdapterIdentity,
+    check_hex,
+    check_int,
+    check_keys,
+    check_text,
+    show,
+)
+
+INPUT_SCHEMA = "kiln.vllm-teacher-input.v2"
+MAX_INPUT_BYTES = 64 * 1024
+INPUT_KEYS: tuple[str, ...] = (
+    "schema",
+    "base_model_sha256",
+    "snapshot_content_sha256",
+    "model_config_sha256",
+    "tokenizer_vocab_sha256",
+    "tokenizer_config_sha256",
+    "adapter",
+    "adapter_max_rank",
+    "vocab_size",
+    "implementation",
+    "runtime_versions",
+    "runtime_content_sha256",
+    "accelerator",
+)
+RUNTIME_VERSION_KEYS: tuple[str, ...] = (
+    "python",
+    "python_implementation",
+    "vllm",
+    "torch",
+    "transformers",
+    "tokenizers",
+)
+ACCELERATOR_KEYS: tuple[str, ...] = ("type", "driver", "devices")
+DEVICE_KEYS: tuple[str, ...] = ("index", "name", "architecture", "total_memory_bytes")
+ACCELERATOR_TYPES: tuple[str, ...] = ("cpu", "cuda", "rocm", "metal", "xpu")
+MAX_DEVICES = 256
+MAX_MEMORY_BYTES = 2**64 - 1
+_P = "input"
+
+
+@dataclass(frozen=True, slots=True)
+class AcceleratorDevice:
+    index: int
+    name: str
+    architecture: str
+    total_memory_bytes: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "architecture": self.architecture,
+            "total_memory_bytes": self.total_memory_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Accelerator:
+    type: str
+    driver: str
+    devices: tuple[AcceleratorDevice, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The spec's key order: type, driver, devices (each index, name, ...)."""
+        return {
+            "type": self.type,
+            "driver": self.driver,
+            "devices": [device.to_dict() for device in self.devices],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TeacherInput:
+    base_model_sha256: str
+    snapshot_content_sha256: str
+    model_config_sha256: str
+    tokenizer_vocab_sha256: str
+    tokenizer_config_sha256: str
+    adapter: AdapterIdentity | None
+    adapter_max_rank: int | None
+    vocab_size: int
+    implementation: str
+    runtime_versions: dict[str, str]
+    runtime_content_sha256: str
+    accelerator: Accelerator
+
+
+def parse_runtime_versions(obj: object, field: str) -> dict[str, str]:
+    """Exactly the six runtime version keys, returned in the spec's order."""
+    values = check_keys(obj, RUNTIME_VERSION_KEYS, field, prefix=_P)
+    return {
+        key: check_text(values[key], f"{field}.{key}", prefix=_P) for key in RUNTIME_VERSION_KEYS
+    }
+
+
+def _parse_device(obj: object, position: int, field: str) -> AcceleratorDevice:
+    where = f"{field}.devices[{position}]"
+    values = check_keys(obj, DEVICE_KEYS, where, prefix=_P)
+    index = check_int(values["index"], f"{where}.index", 0, MAX_DEVICES - 1, prefix=_P)
+    if index != position:
+        raise IdentityError(
+            f"{where}.index is {index}; devices are indexed from 0 in order",
+            rule="input.device_index",
+        )
+    return AcceleratorDevice(
+        index=index,
+        name=check_text(values["name"], f"{where}.name", prefix=_P),
+        architecture=check_text(values["architecture"], f"{where}.architecture", prefix=_P),
+        total_memory_bytes=check_int(
+            values["total_memory_bytes"],
+            f"{where}.total_memory_bytes",
+            1,
+            MAX_MEMORY_BYTES,
+            prefix=_P,
+        ),
+    )
+
+
+def parse_accelerator(obj: object, field: str) -> Accelerator:
+    """Accelerator type, driver and 1 to 256 devices indexed from 0."""
+    values = check_keys(obj, ACCELERATOR_KEYS, field, prefix=_P)
+    kind = values["type"]
+    if not isinstance(kind, str) or kind not in ACCELERATOR_TYPES:
+        raise IdentityError(
+            f"{field}.type must be one of {', '.join(ACCELERATOR_TYPES)}, got {show(kind)}",
+            rule="input.accelerator_type",
+        )
+    driver = check_text(values["driver"], f"{field}.driver", prefix=_P)
+    devices = values["devices"]
+    if not isinstance(devices, list) or not 1 <= len(devices) <= MAX_DEVICES:
+        raise IdentityError(
+            f"{field}.devices must be a list of 1 to {MAX_DEVICES} devices",
+            rule="input.device_count",
+        )
+    parsed = tuple(_parse_device(device, i, field) for i, device in enumerate(devices))
+    return Accelerator(type=kind, driver=driver, devices=parsed)
+
+
+def _parse_adapter(
+    values: Mapping[str, object], source: str
+) -> tuple[AdapterIdentity | None, int | None]:
+    raw, rank = values["adapter"], values["adapter_max_rank"]
+    if raw is None:
+        if rank is not None:
+            raise IdentityError(
+                f"{source}: adapter_max_rank must be null when adapter is null",
+                rule="input.adapter_max_rank",
+            )
+        return None, None
+    adapter = AdapterIdentity.from_mapping(raw, field=f"{source}: adapter", prefix=_P)
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank not in ADAPTER_RANK_CAPS:
+        raise IdentityError(
+            f"{source}: adapter_max_rank must be one of {list(ADAPTER_RANK_CAPS)} with an"
+            f" adapter, got {show(rank)}",
+            rule="input.adapter_max_rank",
+        )
+    return adapter, rank
+
+
+def _from_values(values: dict[str, object], source: str) -> TeacherInput:
+    def hex_field(key: str) -> str:
+        return check_hex(values[key], f"{source}: {key}", prefix=_P)
+
+    if values["schema"] != INPUT_SCHEMA:
+        raise IdentityError(
+            f"{source}: schema must be {INPUT_SCHEMA!r}, got {show(values['schema'])}",
+            rule="input.schema",
+        )
+    hashes = {key: hex_field(key) for key in INPUT_KEYS[1:6]}
+    adapter, rank = _parse_adapter(values, source)
+    vocab = check_int(values["vocab_size"], f"{source}: vocab_size", 1, MAX_VOCAB_SIZE, prefix=_P)
+    implementation = check_text(values["implementation"], f"{source}: implementation", prefix=_P)
+    versions = parse_runtime_versions(values["runtime_versions"], f"{source}: runtime_versions")
+    if implementation != "vllm:" + versions["vllm"]:
+        raise IdentityError(
+            f"{source}: implementation {show(implementation)} must equal"
+            f" 'vllm:' + runtime_versions.vllm ({show('vllm:' + versions['vllm'])})",
+            rule="input.implementation",
+        )
+    return TeacherInput(
+        **hashes,
+        adapter=adapter,
+        adapter_max_rank=rank,
+        vocab_size=vocab,
+        implementation=implementation,
+        runtime_versions=versions,
+        runtime_content_sha256=hex_field("runtime_content_sha256"),
+        accelerator=parse_accelerator(values["accelerator"], f"{source}: accelerator"),
+    )
+
+
+def parse_teacher_input(data: bytes, *, source: str) -> TeacherInput:
+    """Validate the bytes of an input file; ``source`` names it in messages."""
+    obj = strict_json_loads(data, what=source, max_bytes=MAX_INPUT_BYTES)
+    values = check_keys(obj, INPUT_KEYS, source, prefix=_P)
+    return _from_values(values, source)
+
+
+def read_regular_file(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> bytes:
+    """Bytes of a regular, non-symlink file, refused above ``max_bytes`` before reading."""
+    name = f"{what} {os.fsdecode(path)}"
+    try:
+        before = os.lstat(path)
+    except OSError as exc:
+        raise IdentityError(
+            f"cannot read {name}: {exc.strerror}", rule="input.unreadable"
+        ) from None
+    if not stat.S_ISREG(before.st_mode):
+        raise IdentityError(
+            f"{name} is not a regular file (symlinks are refused)", rule="input.not_regular"
+        )
+    if before.st_size > max_bytes:
+        raise IdentityError(
+            f"{name} is {before.st_size} bytes, over {max_bytes}", rule="input.too_large"
+        )
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise IdentityError(
+            f"cannot open {name}: {exc.strerror}", rule="input.unreadable"
+        ) from None
+    with os.fdopen(fd, "rb") as handle:
+        after = os.fstat(handle.fileno())
+        if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+            raise IdentityError(f"{name} was replaced while being opened", rule="input.replaced")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise IdentityError(f"{name} grew past {max_bytes} bytes", rule="input.too_large")
+    return data
+
+
+def load_teacher_input(path: str | os.PathLike[str]) -> TeacherInput:
+    """Read and validate a regular, non-symlink input file of at most 64 KiB."""
+    data = read_regular_file(path, what="teacher input", max_bytes=MAX_INPUT_BYTES)
+    return parse_teacher_input(data, source=os.fsdecode(path))

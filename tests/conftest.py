@@ -1,0 +1,70 @@
+"""Session-wide tiny models and the environment isolation every test gets.
+
+The builders live in ``kiln_registry.testing.tiny_models``; helpers in
+``tests/helpers.py``.  Models are built once per session under
+``tmp_path_factory``; tests must not modify them (copy first).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kiln_registry.testing.tiny_models import TinyModel, build_peft_adapter, build_tiny_llama
+from tests.helpers import free_port as _free_port
+
+CLEARED_PREFIXES = ("KILN_", "VLLM_", "HF_")
+CLEARED_NAMES = frozenset(
+    name for base in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+    for name in (base, base.upper())
+)  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "secret_env(*names): environment variables cleared before and after the test"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clear KILN_*, VLLM_*, HF_*, proxy and test-marked secret variables."""
+    secret: set[str] = set()
+    for marker in request.node.iter_markers("secret_env"):
+        secret.update(str(name) for name in marker.args)
+    for name in list(os.environ):
+        if name.startswith(CLEARED_PREFIXES) or name in CLEARED_NAMES or name in secret:
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def free_port() -> int:
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """Seed-0 tiny Llama, one shard, model width = tokenizer size (512)."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_sharded(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """Same weights as ``tiny_model`` in two shards plus model.safetensors.index.json."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-sharded") / "model", shards=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_padded(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """Model width 544 over a 512-entry tokenizer (padded embedding/output rows)."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-padded") / "model", model_width=544)
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Path:
+    """A PEFT LoRA adapter (r=8, q_proj/v_proj) for ``tiny_model``."""
+    path = tmp_path_factory.mktemp("tiny-adapter") / "adapter"
+    build_peft_adapter(path, base=tiny_model)
+    return path
