@@ -150,6 +150,7 @@ class ServerConfig(BaseModel):
     port: Port = 8420
     database: ConfigPath = Field(default_factory=default_database_path)
     log_format: Literal["text", "json"] = "text"
+    log_level: Literal["info", "debug", "warning"] = "info"
     legacy_registry: ConfigPath | None = None
     probe_timeout_s: Annotated[StrictFloat, Field(gt=0, le=600)] = 10.0
     teacher_ca_file: ConfigPath | None = None

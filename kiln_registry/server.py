@@ -1,9 +1,16 @@
 """Start-up of ``kiln serve``: configuration, logging, student, database, uvicorn.
 
-The order is the fail-closed order: the configuration and every secret
-variable are checked before anything is opened; the student is loaded with
-the ``tokenizers`` library (no torch); the database is upgraded to head in
-one transaction; only then does the server bind its port.
+The order is the fail-closed order: the configuration (with any ``--host`` /
+``--port`` override, re-validated as a whole so a port collision is caught)
+and every secret variable are checked before anything is opened; logging is
+configured with secret redaction; the student is loaded with the
+``tokenizers`` library (no torch); the database is upgraded to head in one
+transaction (a newer revision is refused); only then does the server bind
+its port.
+
+Imports the configuration, credential redaction, database, model and probe
+layers and (inside ``run_server``) uvicorn and the API app; nothing happens
+at import time.
 """
 
 from __future__ import annotations
@@ -13,15 +20,22 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.config import KilnConfig, check_startup_environment, load_config
 from kiln_registry.credentials.redaction import install_redaction
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.errors import ConfigError
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.probe.verify import StudentView
 
 log = logging.getLogger("kiln_registry.server")
+
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+MAX_OVERRIDE_ERRORS = 10
 
 
 class JsonFormatter(logging.Formatter):
@@ -34,12 +48,15 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if record.exc_info:
+        if record.exc_text:
+            doc["exception"] = record.exc_text
+        elif record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False)
 
 
-def configure_logging(log_format: str, secret_env_names: frozenset[str], level: int) -> None:
+def configure_logging(log_format: str, secret_env_names: frozenset[str], level: str) -> None:
+    """One stderr handler on the root logger, uvicorn's loggers propagating, redaction on."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
@@ -47,10 +64,11 @@ def configure_logging(log_format: str, secret_env_names: frozenset[str], level: 
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(LOG_LEVELS[level])
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers[:] = []
+        logger.setLevel(logging.NOTSET)
         logger.propagate = True
     install_redaction(secret_env_names)
 
@@ -62,9 +80,14 @@ def _database_path(path: Path) -> Path:
 
 
 def build_context(config: KilnConfig) -> RegistryContext:
+    """Load the student, open and upgrade the database; nothing is bound yet."""
     vocab_sha256, width = student_vocab(config.student.model_path)
     engine = open_engine(_database_path(config.server.database))
-    revision = upgrade_to_head(engine)
+    try:
+        revision = upgrade_to_head(engine)
+    except BaseException:
+        engine.dispose()
+        raise
     return RegistryContext(
         config=config,
         engine=engine,
@@ -74,41 +97,73 @@ def build_context(config: KilnConfig) -> RegistryContext:
     )
 
 
-def prepare(config_path: Path, *, host: str | None, port: int | None) -> KilnConfig:
-    config = load_config(config_path)
-    updates: dict[str, object] = {}
+def _override_error(config_path: Path, exc: ValidationError) -> ConfigError:
+    errors = exc.errors(include_url=False, include_input=False)
+    parts = []
+    for error in errors[:MAX_OVERRIDE_ERRORS]:
+        where = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        message = str(error.get("ctx", {}).get("error", error["msg"]))
+        parts.append(f"{where}: {message}")
+    return ConfigError(
+        f"{config_path} with --host/--port: " + "; ".join(parts),
+        rule="config.override",
+        hint="pick another --host/--port, or change kiln.toml",
+    )
+
+
+def with_overrides(
+    config: KilnConfig, config_path: Path, *, host: str | None, port: int | None
+) -> KilnConfig:
+    """``config`` with ``[server] host``/``port`` replaced, validated again as a whole."""
+    updates: dict[str, Any] = {}
     if host is not None:
         updates["host"] = host
     if port is not None:
         updates["port"] = port
-    if updates:
-        server = type(config.server).model_validate({**config.server.model_dump(), **updates})
-        config = config.model_copy(update={"server": server})
+    if not updates:
+        return config
+    data = config.model_dump()
+    data["server"] = {**data["server"], **updates}
+    try:
+        return KilnConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _override_error(config_path, exc) from None
+
+
+def prepare(config_path: Path, *, host: str | None, port: int | None) -> KilnConfig:
+    """The validated configuration, or a ``ConfigError``; checks every secret variable."""
+    config = with_overrides(load_config(config_path), config_path, host=host, port=port)
     check_startup_environment(config, os.environ)
     return config
 
 
 def run_server(config_path: Path, *, host: str | None = None, port: int | None = None) -> None:
+    """``kiln serve``: blocks until SIGINT/SIGTERM."""
     import uvicorn
 
     from kiln_registry.api.app import create_app
 
     config = prepare(config_path, host=host, port=port)
-    level = logging.DEBUG if os.environ.get("KILN_LOG_LEVEL") == "debug" else logging.INFO
-    configure_logging(config.server.log_format, config.secret_env_names(), level)
+    server = config.server
+    configure_logging(server.log_format, config.secret_env_names(), server.log_level)
     ctx = build_context(config)
     log.info(
-        "kiln-registry serving on http://%s:%d (database %s at %s, student width %d)",
-        config.server.host,
-        config.server.port,
-        config.server.database,
+        "kiln-registry serving on %s:%d (database %s at revision %s, student width %d)",
+        server.host,
+        server.port,
+        server.database,
         ctx.database_revision,
         ctx.student.model_width,
     )
-    uvicorn.run(
-        create_app(ctx),
-        host=config.server.host,
-        port=config.server.port,
-        log_config=None,
-        timeout_graceful_shutdown=10,
-    )
+    try:
+        uvicorn.run(
+            create_app(ctx),
+            host=server.host,
+            port=server.port,
+            log_config=None,
+            log_level=LOG_LEVELS[server.log_level],
+            server_header=False,
+            timeout_graceful_shutdown=10,
+        )
+    finally:
+        ctx.close()

@@ -3,8 +3,12 @@
 Receives a ready ``RegistryContext`` (configuration, migrated database,
 student view); creates the outbound HTTP client in its lifespan, never at
 import time.  The outbound client never follows redirects, ignores proxy
-variables from the environment, and verifies TLS (optionally against the
-configured CA bundle).
+variables from the environment, and verifies TLS (against the configured
+CA bundle when ``[server] teacher_ca_file`` is set, else the system store).
+Request bodies are bounded (``api.limits``) before FastAPI reads them.
+
+Imports FastAPI, httpx and the ``api`` package; the routes reach the
+database and the probe only through ``teachers_service``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from fastapi import FastAPI
 
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.errors import install_error_handlers
-from kiln_registry.api.routes import system, teachers
+from kiln_registry.api.limits import RequestBodyLimit
+from kiln_registry.api.routes import jobs, system, teachers
 
 API_TITLE = "kiln-registry"
 API_VERSION = "1.0.0"
@@ -56,9 +61,11 @@ def create_app(
             raise RuntimeError("create_app(None) is for schema generation only")
         async with outbound_client(ctx.config.server.teacher_ca_file, transport) as http:
             ctx.http = http
+            job_workers = await jobs.start_workers(app, ctx)  # issue 8: the job queue
             try:
                 yield
             finally:
+                await jobs.stop_workers(app, job_workers)
                 ctx.http = None
 
     app = FastAPI(
@@ -74,6 +81,8 @@ def create_app(
     )
     app.state.ctx = ctx
     install_error_handlers(app)
+    app.add_middleware(RequestBodyLimit)
     app.include_router(teachers.router)
     app.include_router(system.router)
+    app.include_router(jobs.router)
     return app

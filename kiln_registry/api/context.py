@@ -1,25 +1,35 @@
-"""What one running registry needs, built once by ``create_app``.
+"""What one running registry needs, built once at start-up (``server.build_context``).
 
-``RegistryContext`` holds the configuration, the database handles, the
-loaded student's vocabulary view, the probe limiter and the metrics.  The
-outbound HTTP client is created in the app's lifespan (never at import
+``RegistryContext`` holds the configuration, the database handles (a
+writer session factory whose transactions BEGIN IMMEDIATE, a reader one
+whose transactions BEGIN DEFERRED so a GET never waits for the write lock,
+and the coherent cache of rendered entries),
+the loaded student's vocabulary view, the probe limiter and the metrics.
+The outbound HTTP client is created in the app's lifespan (never at import
 time) and attached here.  Nothing in this module touches the network.
+
+Imports: SQLAlchemy, httpx (the type only), ``kiln_registry.config``,
+``kiln_registry.db`` and ``kiln_registry.probe``; never FastAPI.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from kiln_registry.api.entry_cache import EntryCache
 from kiln_registry.config import KilnConfig
+from kiln_registry.db.engine import BEGIN_OPTION, session_factory
+from kiln_registry.db.repository import unit_of_work
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
-PROBE_TIMEOUT_S = 10.0
 JOB_PROBE_TIMEOUT_S = 60.0
 
 
@@ -44,6 +54,11 @@ class Metrics:
             self.probe_seconds_count += 1
 
 
+def reader_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions whose transactions BEGIN DEFERRED: readers never take the write lock."""
+    return session_factory(engine.execution_options(**{BEGIN_OPTION: "DEFERRED"}))
+
+
 @dataclass
 class RegistryContext:
     config: KilnConfig
@@ -51,9 +66,39 @@ class RegistryContext:
     sessions: sessionmaker[Session]
     student: StudentView
     database_revision: str
+    readers: sessionmaker[Session] | None = None
     probe_limiter: ProbeLimiter = field(default_factory=ProbeLimiter)
     metrics: Metrics = field(default_factory=Metrics)
     http: httpx.AsyncClient | None = None
+    entries: EntryCache | None = None
+
+    def __post_init__(self) -> None:
+        if self.readers is None:
+            self.readers = reader_factory(self.engine)
+        if self.entries is None:
+            self.entries = EntryCache(self.config.server.database)
+
+    def entry_cache(self) -> EntryCache:
+        assert self.entries is not None  # set in __post_init__
+        return self.entries
+
+    def close(self) -> None:
+        """Release the database handles (the server calls this on exit)."""
+        self.entry_cache().close()
+        self.engine.dispose()
+
+    @contextmanager
+    def writing(self) -> Iterator[Session]:
+        """One write transaction (BEGIN IMMEDIATE): commit on success, roll back on error."""
+        with unit_of_work(self.sessions) as session:
+            yield session
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """One read transaction (BEGIN DEFERRED); a WAL reader never waits for a writer."""
+        assert self.readers is not None  # set in __post_init__
+        with unit_of_work(self.readers) as session:
+            yield session
 
     def client(self) -> httpx.AsyncClient:
         if self.http is None:

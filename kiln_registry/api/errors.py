@@ -3,8 +3,12 @@
 ``{"error": {"code", "message", "hint"}}`` with the status of the
 ``KilnError`` subclass, ``Retry-After`` where a retry makes sense, request
 validation errors as 400 with the endpoint's invalid-request code naming
-each bad field, and anything unexpected as a generic 500 whose body says
-nothing internal (the traceback goes to the log, which is redacted).
+each bad field (never the submitted values), and anything unexpected as a
+generic 500 whose body says nothing internal (the traceback goes to the
+log, which is redacted).  As a last line of defence every rendered message
+and hint is scrubbed of the current values of the configured secret
+variables.  Imports FastAPI/Starlette, ``kiln_registry.errors`` and the
+credential redaction helpers only.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.errors import KilnError
 
 log = logging.getLogger("kiln_registry.api")
@@ -53,11 +58,22 @@ def describe_validation_errors(errors: Sequence[Any]) -> str:
     return "; ".join(parts)
 
 
+def _secret_names(request: Request) -> frozenset[str]:
+    ctx = getattr(request.app.state, "ctx", None)
+    config = getattr(ctx, "config", None)
+    names = config.secret_env_names() if config is not None else frozenset()
+    return frozenset(str(name) for name in names)
+
+
 async def _kiln_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KilnError)
+    names = _secret_names(request)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    hint = redact_text(exc.hint, names) if exc.hint else None
     return JSONResponse(
-        error_body(exc.code, str(exc), exc.hint or None), status_code=exc.status, headers=headers
+        error_body(exc.code, redact_text(str(exc), names), hint),
+        status_code=exc.status,
+        headers=headers,
     )
 
 

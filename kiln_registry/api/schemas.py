@@ -143,7 +143,7 @@ class RegisterTeacherRequest(BaseModel):
         if self.provider != "vllm":
             known = "a known provider" if self.provider in KNOWN_REMOTE_PROVIDERS else "unknown"
             raise ValueError(
-                f"provider {self.provider!r} ({known}) is not supported for registration:"
+                f"provider {self.provider[:64]!r} ({known}) is not supported for registration:"
                 " only 'vllm' teachers can prove a Kiln identity"
             )
         for name in ("model_id", "url"):
@@ -232,6 +232,47 @@ class DeleteTeacherResponse(BaseModel):
     alias: str
 
 
+class RowWidths(BaseModel):
+    min: int
+    max: int
+
+
+class ProbeAttemptPublic(BaseModel):
+    """One probe request: K, what came back and how long it took (no body, no header)."""
+
+    purpose: str = Field(description="`discover` (K=1), `max_top_k`, `cap` (K=max_top_k+1).")
+    k: int
+    prompt_len: int
+    status_code: int | None
+    elapsed_ms: float
+    bytes_read: int
+    fingerprint: str | None
+    identity_digest: str | None
+    row_widths: RowWidths | None
+    candidate_count: int | None
+
+
+class ProbeFailurePublic(BaseModel):
+    code: str | None
+    rule: str | None
+    message: str | None
+
+
+class ProbeReportPublic(BaseModel):
+    """The outcome of the dual identity probe and the cap probe."""
+
+    url: str
+    model_id: str
+    authenticated: bool
+    k_values: list[int]
+    attempts: list[ProbeAttemptPublic]
+    outcome: Literal["passed", "failed"]
+    fingerprint: str | None
+    identity_digest: str | None
+    failure: ProbeFailurePublic | None
+    elapsed_ms: float
+
+
 class ProbeReceipt(BaseModel):
     """A stored probe report; never holds a secret."""
 
@@ -240,7 +281,7 @@ class ProbeReceipt(BaseModel):
     created_at: str
     outcome: Literal["passed", "failed"]
     identity_revision: str | None
-    report: dict[str, Any]
+    report: ProbeReportPublic
 
 
 class ReceiptsResponse(BaseModel):

@@ -1,125 +1,63 @@
-"""Teacher registration, lookup, deletion and re-probing.
+"""Teacher registration, lookup, deletion, re-probing and receipts.
 
 The rule this module exists for: an alias is persisted and published only
-after both live probes pass, in one transaction together with its receipt.
-Aliases are immutable (the database's primary key decides races).  Database
-work runs in worker threads so a busy SQLite file never blocks the event
-loop; no session is held while a teacher is probed.
+after both live probes (and the cap probe) pass, in one transaction together
+with its receipt.  Nothing is written before that, so a registration that
+fails or whose server dies mid-probe leaves no trace.  Aliases are
+immutable: the ``teachers`` primary key decides races (the early lookup only
+spares a teacher a pointless probe); the loser gets ``AliasExists``.
+Concurrent probes are capped by the context's ``ProbeLimiter``; a request
+over the cap gets ``ProbeBusy`` (503, Retry-After) without touching the
+teacher.
+
+Database work runs in worker threads (reads BEGIN DEFERRED, writes BEGIN
+IMMEDIATE) so a busy SQLite file never blocks the event loop; no session is
+held while a teacher is probed.  Probe reports are scrubbed of the current
+values of every configured secret variable before they are stored or
+returned.  Imports the API context, schemas and entries, the credential,
+probe and database layers; never FastAPI.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from kiln_registry.api.context import PROBE_TIMEOUT_S, RegistryContext
+from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.entries import entry_from_row, stored_identity
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
-    LogitSourceCaps,
     ProbeReceipt,
+    ProbeReportPublic,
     ReceiptsResponse,
     RegisterTeacherRequest,
     TeacherEntry,
-    TeacherIdentityV1,
     TeacherKind,
     TeachersListResponse,
-    TeacherSpec,
     TeacherStatus,
 )
+from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.credentials.resolve import ResolvedTeacher, resolve_teacher_endpoint
 from kiln_registry.db.models import TeacherRow
-from kiln_registry.db.repository import TeacherRepository, unit_of_work
+from kiln_registry.db.repository import TeacherRepository
 from kiln_registry.errors import (
     AliasExists,
     IdentityRequired,
     KilnError,
+    ProbeFailed,
     RegistrationInvalid,
     TeacherNotFound,
 )
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.probe.client import probe_teacher
-from kiln_registry.probe.report import ProbeReport, attached_report
+from kiln_registry.probe.report import ProbeReport, attach_report, attached_report
 
-OFF_POLICY_SCHEMA = "kiln.off-policy-distillation-manifest.v1"
-LEGACY_MESSAGE = (
-    "this alias was migrated from an older registry without a verified identity; delete it"
-    " and register it again with a credential_id (or a loopback URL) so both probes can run"
-)
-
-
-def off_policy_manifest(identity: TeacherIdentity) -> str:
-    """The exact first line of an identity-bound off-policy corpus."""
-    head = '{"schema":"' + OFF_POLICY_SCHEMA + '","teacher_identity":'
-    return head + identity.canonical_bytes().decode("utf-8") + "}"
-
-
-def stored_identity(row: TeacherRow) -> TeacherIdentity | None:
-    if row.identity_json is None:
-        return None
-    return TeacherIdentity.from_mapping(json.loads(row.identity_json))
-
-
-def _public_status(row: TeacherRow, identity: TeacherIdentity | None) -> TeacherStatus:
-    if row.status == "launching":
-        return TeacherStatus.unavailable
-    status = TeacherStatus(row.status)
-    if status is TeacherStatus.verified and identity is None:
-        return TeacherStatus.legacy_unverified
-    return status
-
-
-def _status_message(row: TeacherRow, status: TeacherStatus) -> str | None:
-    if row.status_message:
-        return row.status_message
-    if status is TeacherStatus.legacy_unverified:
-        return LEGACY_MESSAGE
-    if status is TeacherStatus.configured:
-        return "fixture teacher: configured for tests and demos, never usable by a job"
-    return None
-
-
-def entry_from_row(row: TeacherRow) -> TeacherEntry:
-    identity = stored_identity(row)
-    status = _public_status(row, identity)
-    usable = status is TeacherStatus.verified and identity is not None
-    spec = TeacherSpec(
-        alias=row.alias,
-        kind=TeacherKind(row.kind),
-        provider=row.provider,
-        model_id=identity.served_model_id if identity else (row.model_id or ""),
-        max_top_k=identity.max_top_k if identity else None,
-        vocab_size=identity.vocab_size if identity else None,
-        supports_full_vocab=False if identity else None,
-        tokenizer_hash=identity.tokenizer_vocab_sha256 if identity else None,
-        identity=TeacherIdentityV1.model_validate(identity.to_dict()) if identity else None,
-        url=row.url,
-        credential_id=row.credential_id,
-        notes=row.notes,
-        adapter=row.adapter,
-    )
-    caps = None
-    if usable and identity is not None:
-        caps = LogitSourceCaps(
-            teacher_id=row.alias,
-            vocab_size=identity.vocab_size,
-            max_top_k=identity.max_top_k,
-            supports_full_vocab=False,
-            supports_batched=True,
-            tokenizer_hash=identity.tokenizer_vocab_sha256,
-        )
-    return TeacherEntry(
-        spec=spec,
-        capabilities=caps,
-        status=status,
-        usable=usable,
-        identity_revision=identity.revision() if identity else None,
-        off_policy_manifest=off_policy_manifest(identity) if identity else None,
-        status_message=_status_message(row, status),
-    )
+MAX_CHAIN_DEPTH = 8
 
 
 def _resolve(ctx: RegistryContext, url: str, credential_id: str | None) -> ResolvedTeacher:
@@ -131,10 +69,32 @@ def _resolve(ctx: RegistryContext, url: str, credential_id: str | None) -> Resol
     )
 
 
-def _alias_free(ctx: RegistryContext, alias: str) -> None:
-    with unit_of_work(ctx.sessions) as session:
-        if TeacherRepository(session).get(alias) is not None:
-            raise AliasExists(f"teacher alias {alias!r} is already registered")
+def _cert_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error somewhere in ``exc``'s cause chain."""
+    seen: BaseException | None = exc
+    for _ in range(MAX_CHAIN_DEPTH):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _explain_tls(exc: KilnError, resolved: ResolvedTeacher) -> KilnError:
+    cert = _cert_failure(exc)
+    if cert is None or not isinstance(exc, ProbeFailed):
+        return exc
+    better = ProbeFailed(
+        f"the TLS certificate of {resolved.endpoint.origin} is not trusted"
+        f" ({cert.verify_message or 'verification failed'})",
+        rule="probe.tls_untrusted",
+        hint="set [server] teacher_ca_file to the PEM bundle of the CA that signed it",
+    )
+    report = attached_report(exc)
+    if report is not None:
+        attach_report(better, report)
+    return better
 
 
 async def _probe(
@@ -149,23 +109,56 @@ async def _probe(
             student=ctx.student,
             pinned=pinned,
             secret=resolved.secret,
-            timeout_s=PROBE_TIMEOUT_S,
+            timeout_s=ctx.config.server.probe_timeout_s,
             limiter=ctx.probe_limiter,
         )
     except KilnError as exc:
         ctx.metrics.count_probe(exc.code, time.monotonic() - started)
-        raise
+        better = _explain_tls(exc, resolved)
+        if better is exc:
+            raise
+        raise better from exc
     ctx.metrics.count_probe("passed", time.monotonic() - started)
     return report
 
 
-def _persist_verified(
-    ctx: RegistryContext,
-    req: RegisterTeacherRequest,
-    identity: TeacherIdentity,
-    report: ProbeReport,
-) -> TeacherEntry:
-    row = TeacherRow(
+def _scrub(value: Any, names: frozenset[str]) -> Any:
+    if isinstance(value, str):
+        return redact_text(value, names)
+    if isinstance(value, dict):
+        return {key: _scrub(item, names) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_scrub(item, names) for item in value]
+    return value
+
+
+def public_report(ctx: RegistryContext, report: ProbeReport) -> dict[str, Any]:
+    """The report's receipt form with every current secret value redacted.
+
+    The probe never puts a secret in a report; this is the second line, for a
+    teacher that reflects what it was sent into a field the probe quotes.
+    """
+    scrubbed: dict[str, Any] = _scrub(report.to_dict(), ctx.config.secret_env_names())
+    return scrubbed
+
+
+def _alias_free(ctx: RegistryContext, alias: str) -> None:
+    with ctx.reading() as session:
+        if TeacherRepository(session).get(alias) is not None:
+            raise AliasExists(f"teacher alias {alias!r} is already registered")
+
+
+def _persist(ctx: RegistryContext, row: TeacherRow, receipt: dict[str, Any] | None) -> TeacherEntry:
+    with ctx.writing() as session:
+        repo = TeacherRepository(session)
+        repo.insert(row)
+        if receipt is not None:
+            repo.add_receipt(row.alias, "passed", row.identity_digest, receipt)
+        return entry_from_row(row)
+
+
+def _verified_row(req: RegisterTeacherRequest, identity: TeacherIdentity) -> TeacherRow:
+    return TeacherRow(
         alias=req.alias,
         kind=req.kind.value,
         provider=req.provider,
@@ -178,15 +171,10 @@ def _persist_verified(
         identity_digest=identity.digest(),
         status=TeacherStatus.verified.value,
     )
-    with unit_of_work(ctx.sessions) as session:
-        repo = TeacherRepository(session)
-        repo.insert(row)
-        repo.add_receipt(req.alias, "passed", identity.digest(), report.to_dict())
-        return entry_from_row(row)
 
 
-def _persist_fixture(ctx: RegistryContext, req: RegisterTeacherRequest) -> TeacherEntry:
-    row = TeacherRow(
+def _fixture_row(req: RegisterTeacherRequest) -> TeacherRow:
+    return TeacherRow(
         alias=req.alias,
         kind=req.kind.value,
         provider=None,
@@ -194,12 +182,10 @@ def _persist_fixture(ctx: RegistryContext, req: RegisterTeacherRequest) -> Teach
         notes=req.notes,
         status=TeacherStatus.configured.value,
     )
-    with unit_of_work(ctx.sessions) as session:
-        TeacherRepository(session).insert(row)
-        return entry_from_row(row)
 
 
 async def register_teacher(ctx: RegistryContext, req: RegisterTeacherRequest) -> TeacherEntry:
+    """Probe, then persist and publish; count the outcome for ``/metrics``."""
     try:
         entry = await _register(ctx, req)
     except KilnError as exc:
@@ -211,23 +197,33 @@ async def register_teacher(ctx: RegistryContext, req: RegisterTeacherRequest) ->
 
 async def _register(ctx: RegistryContext, req: RegisterTeacherRequest) -> TeacherEntry:
     if req.kind is TeacherKind.fixture:
-        return await run_in_threadpool(_persist_fixture, ctx, req)
+        return await run_in_threadpool(_persist, ctx, _fixture_row(req), None)
     if req.kind is TeacherKind.local:
         raise RegistrationInvalid(
-            "kind 'local' is not available in this build: register the launcher's endpoint as"
-            " kind 'remote' with its loopback URL",
+            "kind 'local' (a teacher launched by the registry from [teachers.local.<profile>])"
+            " is not available in this release",
+            rule="teacher.kind_local",
+            hint="launch the teacher with kiln-teacher and register its loopback URL as"
+            " kind 'remote'",
         )
-    assert req.url is not None and req.model_id is not None  # enforced by the schema
+    if req.url is None or req.model_id is None:  # the schema enforces both for 'remote'
+        raise RegistrationInvalid("url and model_id are required for kind 'remote'")
     resolved = _resolve(ctx, req.url, req.credential_id)
     await run_in_threadpool(_alias_free, ctx, req.alias)
     report = await _probe(ctx, resolved, req.model_id, None)
-    assert report.fingerprint is not None
-    identity = verify_fingerprint(report.fingerprint)
-    return await run_in_threadpool(_persist_verified, ctx, req, identity, report)
+    identity = _passed_identity(report)
+    row = _verified_row(req, identity)
+    return await run_in_threadpool(_persist, ctx, row, public_report(ctx, report))
+
+
+def _passed_identity(report: ProbeReport) -> TeacherIdentity:
+    if not report.passed or report.fingerprint is None:
+        raise ProbeFailed("the probe passed without an identity", rule="probe.internal")
+    return verify_fingerprint(report.fingerprint)
 
 
 def _load_row(ctx: RegistryContext, alias: str) -> TeacherRow:
-    with unit_of_work(ctx.sessions) as session:
+    with ctx.reading() as session:
         row = TeacherRepository(session).get(alias)
         if row is None:
             raise TeacherNotFound(f"teacher alias {alias!r} is not registered")
@@ -236,7 +232,7 @@ def _load_row(ctx: RegistryContext, alias: str) -> TeacherRow:
 
 
 def list_teachers(ctx: RegistryContext) -> TeachersListResponse:
-    with unit_of_work(ctx.sessions) as session:
+    with ctx.reading() as session:
         rows = TeacherRepository(session).list_all()
         return TeachersListResponse(teachers=[entry_from_row(r) for r in rows])
 
@@ -245,8 +241,24 @@ def get_teacher(ctx: RegistryContext, alias: str) -> TeacherEntry:
     return entry_from_row(_load_row(ctx, alias))
 
 
+def _render_teacher(ctx: RegistryContext, alias: str) -> bytes:
+    cache = ctx.entry_cache()
+    seen = cache.version()  # read BEFORE the row: a later commit invalidates the copy
+    body = get_teacher(ctx, alias).model_dump_json(by_alias=True).encode("utf-8")
+    cache.put(alias, body, seen)
+    return body
+
+
+async def teacher_json(ctx: RegistryContext, alias: str) -> bytes:
+    """The ``TeacherEntry`` JSON of ``alias``: from the coherent cache, else the database."""
+    cached = ctx.entry_cache().get(alias)
+    if cached is not None:
+        return cached
+    return await run_in_threadpool(_render_teacher, ctx, alias)
+
+
 def delete_teacher(ctx: RegistryContext, alias: str) -> DeleteTeacherResponse:
-    with unit_of_work(ctx.sessions) as session:
+    with ctx.writing() as session:
         if not TeacherRepository(session).delete(alias):
             raise TeacherNotFound(f"teacher alias {alias!r} is not registered")
     return DeleteTeacherResponse(alias=alias)
@@ -257,7 +269,7 @@ def require_identity(row: TeacherRow) -> TeacherIdentity:
     if identity is None or row.status == TeacherStatus.legacy_unverified.value:
         raise IdentityRequired(
             f"teacher alias {row.alias!r} has no verified identity",
-            hint="delete the alias and register it again with a credential_id and fresh probes",
+            hint="delete the alias and register it again with fresh probes",
         )
     return identity
 
@@ -265,12 +277,15 @@ def require_identity(row: TeacherRow) -> TeacherIdentity:
 def _store_receipt(
     ctx: RegistryContext, alias: str, report: ProbeReport, identity: TeacherIdentity
 ) -> None:
-    with unit_of_work(ctx.sessions) as session:
+    with ctx.writing() as session:
         outcome = "passed" if report.passed else "failed"
-        TeacherRepository(session).add_receipt(alias, outcome, identity.digest(), report.to_dict())
+        TeacherRepository(session).add_receipt(
+            alias, outcome, identity.digest(), public_report(ctx, report)
+        )
 
 
-async def reprobe_teacher(ctx: RegistryContext, alias: str) -> dict[str, Any]:
+async def reprobe_teacher(ctx: RegistryContext, alias: str) -> ProbeReportPublic:
+    """Re-run the probes pinned to the stored identity; store the receipt either way."""
     row = await run_in_threadpool(_load_row, ctx, alias)
     identity = require_identity(row)
     if row.url is None:
@@ -284,11 +299,12 @@ async def reprobe_teacher(ctx: RegistryContext, alias: str) -> dict[str, Any]:
             await run_in_threadpool(_store_receipt, ctx, alias, failed, identity)
         raise
     await run_in_threadpool(_store_receipt, ctx, alias, report, identity)
-    return report.to_dict()
+    return ProbeReportPublic.model_validate(public_report(ctx, report))
 
 
 def list_receipts(ctx: RegistryContext, alias: str, limit: int = 100) -> ReceiptsResponse:
-    with unit_of_work(ctx.sessions) as session:
+    """The alias's newest receipts (kept after the alias is deleted, for audit)."""
+    with ctx.reading() as session:
         rows = TeacherRepository(session).list_receipts(alias, limit=limit)
         receipts = [
             ProbeReceipt(
@@ -297,7 +313,7 @@ def list_receipts(ctx: RegistryContext, alias: str, limit: int = 100) -> Receipt
                 created_at=r.created_at,
                 outcome="passed" if r.outcome == "passed" else "failed",
                 identity_revision=f"sha256:{r.identity_digest}" if r.identity_digest else None,
-                report=json.loads(r.report_json),
+                report=ProbeReportPublic.model_validate(json.loads(r.report_json)),
             )
             for r in rows
         ]

@@ -18,7 +18,15 @@ to the newest Alembic revision:
   deferred BEGIN with the execution option ``kiln_sqlite_begin="DEFERRED"``.
 * ``upgrade_to_head(engine)`` checks the file's shape, refuses a revision
   this release does not know, then runs every pending revision inside ONE
-  transaction on one connection.
+  transaction on one connection.  A pre-Alembic (legacy) registry is
+  recognised by its exact schema, its rows checked, stamped
+  ``0000_legacy_base`` and upgraded in that same transaction; a crash leaves
+  either the legacy file or the fully migrated one.
+* Every connection runs with ``secure_delete`` on, so deleted rows and
+  dropped tables (the legacy ``api_key_env`` column above all) are zeroed
+  rather than left in free pages.  After an upgrade the WAL is checkpointed
+  and truncated, so no copy of an old page lingers in ``-wal``; after a
+  legacy conversion the file is also VACUUMed.
 * ``session_factory(engine)`` builds the Session factory that
   ``repository.unit_of_work`` uses.
 
@@ -28,12 +36,13 @@ for a source checkout and an editable install (``pip install -e .``), the
 supported deployments.  A wheel install would need the directory shipped as
 package data; ``migrations_dir()`` refuses clearly when it is missing.
 
-Imports: the standard library, SQLAlchemy, Alembic and ``kiln_registry``'s
-errors only; never the API, probe or launcher layers.
+Imports: the standard library, SQLAlchemy, Alembic, ``kiln_registry``'s
+errors and ``kiln_registry.db.legacy``; never the API, probe or launcher layers.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,27 +58,16 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 import kiln_registry
+from kiln_registry.db.legacy import LEGACY_BASE_REVISION, check_legacy_rows, is_legacy_v0
 from kiln_registry.errors import ConfigError
+
+log = logging.getLogger("kiln_registry.db")
 
 BUSY_TIMEOUT_MS: Final = 5000
 BEGIN_OPTION: Final = "kiln_sqlite_begin"
 _BEGIN_MODES: Final = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN DEFERRED"}
 _MAX_TABLES: Final = 1000
 _MAX_VERSION_ROWS: Final = 100
-LEGACY_V0_COLUMNS: Final = frozenset(
-    {
-        "alias",
-        "kind",
-        "provider",
-        "model_id",
-        "url",
-        "api_key_env",
-        "notes",
-        "spec_json",
-        "created_at",
-    }
-)
-
 DatabaseShape = Literal["empty", "alembic", "legacy_v0", "unknown"]
 
 
@@ -106,6 +104,7 @@ def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
                 "this SQLite build cannot enforce foreign keys", rule="db.foreign_keys"
             )
         cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA secure_delete = ON")
     finally:
         cursor.close()
 
@@ -206,7 +205,7 @@ def detect_database_shape(conn: Connection) -> DatabaseShape:
 
     ``empty``: no user tables (or only an empty ``alembic_version``).
     ``alembic``: ``alembic_version`` holds a revision.  ``legacy_v0``: exactly
-    the pre-Alembic ``teachers`` table and nothing else.  ``unknown``:
+    the pre-Alembic ``teachers`` table and nothing else (``is_legacy_v0``).  ``unknown``:
     anything else, which the registry must not touch.
     """
     tables = _table_names(conn)
@@ -218,10 +217,8 @@ def detect_database_shape(conn: Connection) -> DatabaseShape:
         return "empty" if tables == ["alembic_version"] else "unknown"
     if not tables:
         return "empty"
-    if tables == ["teachers"]:
-        columns = {str(row[1]) for row in conn.exec_driver_sql("PRAGMA table_info(teachers)")}
-        if columns == LEGACY_V0_COLUMNS:
-            return "legacy_v0"
+    if tables == ["teachers"] and is_legacy_v0(conn):
+        return "legacy_v0"
     return "unknown"
 
 
@@ -238,17 +235,9 @@ def _known_revisions(script: ScriptDirectory) -> set[str]:
     return {rev.revision for rev in script.walk_revisions()}
 
 
-def _refuse_unusable(conn: Connection, script: ScriptDirectory, where: str) -> None:
-    """Raise unless ``conn``'s database is one the upgrade may touch."""
+def _refuse_unusable(conn: Connection, script: ScriptDirectory, where: str) -> DatabaseShape:
+    """Raise unless ``conn``'s database is one the upgrade may touch; return its shape."""
     shape = detect_database_shape(conn)
-    if shape == "legacy_v0":
-        # Hook for the legacy-upgrade issue: it will convert instead of refuse.
-        raise ConfigError(
-            f"database {where} is a pre-Alembic (legacy) registry; "
-            "this release cannot upgrade it yet",
-            rule="db.legacy_unsupported",
-            hint="keep using the release that wrote it, or move it aside and start afresh",
-        )
     if shape == "unknown":
         raise ConfigError(
             f"unrecognised database {where}: it has tables but no Alembic revision "
@@ -265,15 +254,48 @@ def _refuse_unusable(conn: Connection, script: ScriptDirectory, where: str) -> N
                 rule="db.newer_revision",
                 hint="run the kiln-registry release that wrote it, or restore a backup",
             )
+    return shape
+
+
+def _stamp_legacy(conn: Connection, config: Config, where: str) -> None:
+    """Check a legacy registry's rows, then mark it as the legacy base revision."""
+    secure = conn.exec_driver_sql("PRAGMA secure_delete").scalar()
+    if secure != 1:  # _on_connect set it; the conversion must not leave free pages behind
+        raise ConfigError(f"database {where}: secure_delete is off", rule="db.secure_delete")
+    count = check_legacy_rows(conn, where)
+    command.stamp(config, LEGACY_BASE_REVISION)
+    log.info("converting legacy registry %s (%d teachers) to the current schema", where, count)
+
+
+def _checkpoint(engine: Engine, *, vacuum: bool) -> None:
+    """Optionally VACUUM, then copy the WAL into the file and truncate it to zero bytes."""
+    raw = engine.raw_connection()
+    try:
+        # The DBAPI connection has no implicit transactions (_on_connect),
+        # so VACUUM and the checkpoint run outside any BEGIN, as they must.
+        dbapi = raw.driver_connection
+        assert isinstance(dbapi, sqlite3.Connection)
+        if vacuum:
+            dbapi.execute("VACUUM")
+        row = dbapi.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        raw.close()
+    if row is None or row[0] != 0:
+        log.warning(
+            "database %s: the WAL could not be checkpointed now (another connection is busy); "
+            "SQLite will checkpoint it later",
+            engine.url.database,
+        )
 
 
 def upgrade_to_head(engine: Engine, *, script_location: Path | None = None) -> str:
     """Bring the database to the newest revision in ONE transaction; return that revision.
 
     ``script_location`` defaults to ``migrations_dir()`` (tests pass a copy).
-    Refuses (``ConfigError``) an unrecognised or legacy database and one at a
-    revision the scripts do not know.  If any revision fails, everything
-    rolls back: the file stays at the revision it had.
+    Refuses (``ConfigError``) an unrecognised database, a legacy one whose
+    rows cannot be carried, and one at a revision the scripts do not know.
+    If any revision fails, everything rolls back: the file stays at the
+    revision (or legacy shape) it had.  Afterwards the WAL is checkpointed.
     """
     location = script_location if script_location is not None else migrations_dir()
     script = ScriptDirectory.from_config(_alembic_config(location))
@@ -281,11 +303,15 @@ def upgrade_to_head(engine: Engine, *, script_location: Path | None = None) -> s
     # engine.begin(): BEGIN IMMEDIATE now, so two starting servers cannot
     # both see "at 0001" and both upgrade; COMMIT only if all succeeded.
     with engine.begin() as conn:
-        _refuse_unusable(conn, script, where)
-        command.upgrade(_alembic_config(location, conn), "head")
+        shape = _refuse_unusable(conn, script, where)
+        config = _alembic_config(location, conn)
+        if shape == "legacy_v0":
+            _stamp_legacy(conn, config, where)
+        command.upgrade(config, "head")
         revision = MigrationContext.configure(conn).get_current_revision()
     if revision is None:
         raise ConfigError(f"database {where} has no revision after upgrade", rule="db.upgrade")
+    _checkpoint(engine, vacuum=shape == "legacy_v0")
     return revision
 
 

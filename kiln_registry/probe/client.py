@@ -30,11 +30,11 @@ import httpx
 
 from kiln_registry.errors import KilnError, ProbeBusy, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.probe.fastscan import parse_completion_fast
 from kiln_registry.probe.parse import (
     MAX_VOCAB_SIZE,
     bounded_text,
     fail,
-    parse_completion,
     parse_error_body,
     response_body_limit,
 )
@@ -269,7 +269,7 @@ async def _scored(
     if ex.status != 200:
         raise status_failure(ex, f"{purpose} probe (K={k})")
     known = identity or pinned
-    parsed = parse_completion(
+    parsed = parse_completion_fast(
         ex.body,
         expected_prompt_len=len(prompt),
         k=k,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -144,14 +145,28 @@ def _refuse_constant(name: str) -> object:
     fail("json_constant", f"response body contains the non-standard JSON literal {name}")
 
 
-def strict_loads(body: bytes, *, what: str = "response body") -> object:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity literals."""
+def strict_loads(
+    body: bytes,
+    *,
+    what: str = "response body",
+    parse_float: Callable[[str], object] | None = None,
+) -> object:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity literals.
+
+    ``parse_float`` replaces ``float`` for float literals (``probe.fastscan``
+    uses it to locate the one literal it substituted for the rows array).
+    """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         fail("json_utf8", f"{what} is not valid UTF-8 (byte {exc.start})")
     try:
-        return json.loads(text, object_pairs_hook=_pairs_hook, parse_constant=_refuse_constant)
+        return json.loads(
+            text,
+            object_pairs_hook=_pairs_hook,
+            parse_constant=_refuse_constant,
+            parse_float=parse_float,
+        )
     except _Duplicate as exc:
         fail(
             "json_duplicate_key",
@@ -291,6 +306,27 @@ def parse_completion(
     if len(body) > limit:
         fail("body_too_large", f"response body of {len(body)} bytes exceeds the bound {limit}")
     top = strict_loads(body)
+
+    def rows(entries: object) -> PromptLogprobColumns:
+        return parse_rows(
+            entries,
+            expected_prompt_len=expected_prompt_len,
+            k=k,
+            vocab_size=min(vocab_size, MAX_VOCAB_SIZE),
+            max_candidates=max_candidates,
+        )
+
+    return completion_from_tree(top, rows)
+
+
+def completion_from_tree(
+    top: object, rows: Callable[[object], PromptLogprobColumns]
+) -> ParsedCompletion:
+    """Check the decoded body around ``choices[0].prompt_logprobs``, which ``rows`` packs.
+
+    Shared by ``parse_completion`` and the fast path (``probe.fastscan``), so
+    both apply the same envelope rules in the same order.
+    """
     if not isinstance(top, dict):
         fail("shape", "response body is not a JSON object")
     usage = top.get("usage")
@@ -300,13 +336,7 @@ def parse_completion(
     if fingerprint is not None and type(fingerprint) is not str:
         fail("fingerprint_type", "response system_fingerprint is not a string")
     choice, index = _choice(top)
-    rows = parse_rows(
-        choice.get("prompt_logprobs"),
-        expected_prompt_len=expected_prompt_len,
-        k=k,
-        vocab_size=min(vocab_size, MAX_VOCAB_SIZE),
-        max_candidates=max_candidates,
-    )
+    columns = rows(choice.get("prompt_logprobs"))
     prompt_tokens = _field(usage, "prompt_tokens", int, "usage")
     return ParsedCompletion(
         object=str(_field(top, "object", str, "response")),
@@ -315,7 +345,7 @@ def parse_completion(
         prompt_tokens=int(prompt_tokens),  # type: ignore[call-overload]
         choice_count=1,
         choice_index=index,
-        rows=rows,
+        rows=columns,
     )
 
 

@@ -7,12 +7,14 @@ the loaded student: canonical Kiln fingerprint (stock ``vllm-*`` refused),
 bypass), ``usage.prompt_tokens``, the single choice, the observed token first
 in every row, the K / K+1 rank structure, non-increasing top-K logprobs, the
 observed token's rank against the top-K, probability mass and the candidate
-budget.  Row checks are vectorized with numpy over the parser's columns.
+budget.  Row checks are vectorized with numpy over zero-copy views of the
+parser's columns, in int32/float32 where that is exact, so a 1M-candidate
+response stays within a few tens of MB.
 
 Student/identity disagreements raise ``IdentityMismatch`` (409); every other
 failure raises ``ProbeFailed`` with ``rule="probe.<name>"``.  Imports: numpy,
-``kiln_registry.errors``, ``kiln_registry.identity`` and ``probe.parse``; no
-sockets or httpx.
+``kiln_registry.errors``, ``kiln_registry.identity``, ``probe.parse`` and
+``probe.fastscan`` (its duplicate finder); no sockets or httpx.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy.typing as npt
 from kiln_registry.errors import FingerprintError, IdentityMismatch
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.probe.fastscan import first_duplicate
 from kiln_registry.probe.parse import (
     NEG_INF_SENTINEL,
     ParsedCompletion,
@@ -38,6 +41,8 @@ MASS_TOLERANCE = 32.0 * float(np.finfo(np.float32).eps)
 STOCK_PREFIX = "vllm-"
 
 IntArray = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +133,11 @@ def _check_envelope(
         fail("prompt_logprobs_length", f"{parsed.rows.row_count} rows for {prompt_len} tokens")
 
 
-def _columns(rows: PromptLogprobColumns) -> tuple[IntArray, np.ndarray, IntArray, IntArray]:
-    ids = np.frombuffer(rows.ids, dtype=np.int32).astype(np.int64)
-    lps = np.frombuffer(rows.logprobs, dtype=np.float32).astype(np.float64)
-    ranks = np.frombuffer(rows.ranks, dtype=np.int32).astype(np.int64)
+def _columns(rows: PromptLogprobColumns) -> tuple[I32, F32, I32, IntArray]:
+    """Zero-copy views of the parser's columns (``'i'``/``'f'`` are 4 bytes, ``'q'`` 8)."""
+    ids = np.frombuffer(rows.ids, dtype=np.int32)
+    lps = np.frombuffer(rows.logprobs, dtype=np.float32)
+    ranks = np.frombuffer(rows.ranks, dtype=np.int32)
     offsets = np.frombuffer(rows.offsets, dtype=np.int64)
     return ids, lps, ranks, offsets
 
@@ -140,7 +146,7 @@ def _first_bad(mask: npt.ArrayLike) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _check_values(ids: IntArray, lps: np.ndarray, ranks: IntArray, vocab: int) -> None:
+def _check_values(ids: I32, lps: F32, ranks: I32, vocab: int) -> None:
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         fail("token_id_range", f"a token id is not below vocab_size {vocab}")
     if ranks.size and (ranks.min() < 1 or ranks.max() > vocab):
@@ -149,7 +155,7 @@ def _check_values(ids: IntArray, lps: np.ndarray, ranks: IntArray, vocab: int) -
         fail("logprob_positive", "a logprob is positive or not finite")
 
 
-def _check_actual(ids: IntArray, starts: IntArray, widths: IntArray, prompt: np.ndarray) -> None:
+def _check_actual(ids: I32, starts: IntArray, widths: IntArray, prompt: IntArray) -> None:
     first = ids[starts]
     bad = first != prompt[1:]
     if np.any(bad):
@@ -164,17 +170,15 @@ def _check_actual(ids: IntArray, starts: IntArray, widths: IntArray, prompt: np.
         fail("actual_missing", f"{where} lacks the prompt token {prompt[row + 1]}")
 
 
-def _check_duplicates(ids: IntArray, row_of: IntArray) -> None:
-    order = np.lexsort((ids, row_of))
-    same = (np.diff(row_of[order]) == 0) & (np.diff(ids[order]) == 0)
-    if np.any(same):
-        at = order[_first_bad(same)]
-        fail("duplicate_id", f"prompt_logprobs[{row_of[at] + 1}] repeats token id {ids[at]}")
+def _check_duplicates(ids: I32, offsets: IntArray) -> None:
+    found = first_duplicate(ids, offsets)
+    if found is not None:
+        fail("duplicate_id", f"prompt_logprobs[{found[0] + 1}] repeats token id {found[1]}")
 
 
 def _rank_layout(
-    ranks: IntArray, widths: IntArray, starts: IntArray, row_of: IntArray, k: int
-) -> tuple[np.ndarray, IntArray]:
+    ranks: I32, widths: IntArray, starts: IntArray, row_of: I32, k: int
+) -> tuple[npt.NDArray[np.bool_], IntArray]:
     """Check the K / K+1 structure; return (inside-per-row, top-K slot per candidate or -1)."""
     if np.any((widths != k) & (widths != k + 1)):
         row = _first_bad((widths != k) & (widths != k + 1))
@@ -192,28 +196,31 @@ def _rank_layout(
             f"prompt_logprobs[{row + 1}] has {widths[row]} entries but the prompt token's rank is"
             f" {actual_rank[row]} (K={k}: K entries need rank <= K, K+1 entries rank > K)",
         )
-    pos = np.arange(ranks.size, dtype=np.int64) - starts[row_of]
-    shift = inside[row_of] & (pos >= actual_rank[row_of])
-    expected = pos + shift.astype(np.int64)
+    pos = np.arange(ranks.size, dtype=np.int32) - starts.astype(np.int32)[row_of]
+    expected = pos + (inside[row_of] & (pos >= actual_rank[row_of]))
     bad = (pos >= 1) & (ranks != expected)
+    del expected
     if np.any(bad):
         at = _first_bad(bad)
         fail("topk_ranks", f"prompt_logprobs[{row_of[at] + 1}] top-K ranks are not exactly 1..{k}")
     in_topk = (pos >= 1) | inside[row_of]
-    return inside, np.where(in_topk, row_of * k + ranks - 1, -1)
+    del pos
+    slots = row_of.astype(np.int64) * k + ranks - 1
+    slots[~in_topk] = -1
+    return inside, slots
 
 
 def _check_order(
-    lps: np.ndarray, ids: IntArray, slots: IntArray, inside: np.ndarray, starts: IntArray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
+    lps: F32, ids: I32, slots: IntArray, inside: npt.NDArray[np.bool_], starts: IntArray, k: int
+) -> tuple[npt.NDArray[np.int32], F32]:
     rows = starts.size
-    top_lp = np.full(rows * k, NEG_INF_SENTINEL, dtype=np.float64)
+    top_lp = np.full(rows * k, NEG_INF_SENTINEL, dtype=np.float32)
     top_id = np.zeros(rows * k, dtype=np.int32)
     keep = slots >= 0
     top_lp[slots[keep]] = lps[keep]
     top_id[slots[keep]] = ids[keep]
     matrix = top_lp.reshape(rows, k)
-    increasing = np.diff(matrix, axis=1) > 0.0
+    increasing = matrix[:, 1:] > matrix[:, :-1]
     if np.any(increasing):
         row = _first_bad(increasing.any(axis=1))
         fail("topk_order", f"prompt_logprobs[{row + 1}] top-K logprobs increase with rank")
@@ -226,13 +233,13 @@ def _check_order(
             f"prompt_logprobs[{row + 1}] ranks the prompt token below K but its logprob"
             " exceeds the K-th logprob",
         )
-    return top_id.reshape(rows, k), matrix.astype(np.float32)
+    return top_id.reshape(rows, k), matrix
 
 
-def _check_mass(lps: np.ndarray, starts: IntArray) -> None:
+def _check_mass(lps: F32, starts: IntArray) -> None:
     if not starts.size:
         return
-    mass = np.add.reduceat(np.exp(lps), starts)
+    mass = np.add.reduceat(np.exp(lps, dtype=np.float64), starts)
     over = mass > 1.0 + MASS_TOLERANCE
     if np.any(over):
         row = _first_bad(over)
@@ -252,15 +259,16 @@ def verify_rows(
     starts, widths = offsets[:-1], np.diff(offsets)
     if np.any(widths < 1):
         fail("row_width", "a prompt_logprobs row is empty")
-    row_of = np.repeat(np.arange(starts.size, dtype=np.int64), widths)
     _check_values(ids, lps, ranks, identity.vocab_size)
     _check_actual(ids, starts, widths, np.asarray(prompt, dtype=np.int64))
-    _check_duplicates(ids, row_of)
+    _check_duplicates(ids, offsets)
+    row_of = np.repeat(np.arange(starts.size, dtype=np.int32), widths)
     inside, slots = _rank_layout(ranks, widths, starts, row_of, k)
+    del row_of
     top_ids, top_lps = _check_order(lps, ids, slots, inside, starts, k)
+    del slots
     _check_mass(lps, starts)
-    actual = (ids[starts].astype(np.int32), lps[starts].astype(np.float32))
-    return actual[0], actual[1], ranks[starts].astype(np.int32), top_ids, top_lps
+    return ids[starts].copy(), lps[starts].copy(), ranks[starts].copy(), top_ids, top_lps
 
 
 def verify_completion(

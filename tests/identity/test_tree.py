@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,11 +155,37 @@ def test_path_length_limits(tmp_path: Path) -> None:
 
 
 def test_unreadable_directory_is_refused(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root can read any directory")
     root = make_tree(tmp_path / "m")
     (root / "sub").chmod(0)
     try:
-        refused(root, "tree.unreadable")
+        if os.geteuid() != 0:
+            refused(root, "tree.unreadable")
+            return
+        # Root bypasses permission bits; drop the two DAC-override capabilities
+        # from the bounding set so a real child process hits the real EACCES.
+        script = (
+            "import sys\n"
+            "from kiln_registry.errors import KilnError\n"
+            "from kiln_registry.identity.tree import inventory_tree\n"
+            "try:\n"
+            "    inventory_tree(sys.argv[1])\n"
+            "except KilnError as exc:\n"
+            "    print(exc.rule)\n"
+        )
+        result = subprocess.run(
+            [
+                "setpriv",
+                "--bounding-set=-dac_override,-dac_read_search",
+                sys.executable,
+                "-c",
+                script,
+                str(root),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert result.stdout.strip() == "tree.unreadable", result.stderr
     finally:
         (root / "sub").chmod(0o755)

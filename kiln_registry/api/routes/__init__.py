@@ -17,7 +17,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-def get_ctx(request: Request) -> RegistryContext:
+async def get_ctx(request: Request) -> RegistryContext:
+    """The app's context.  ``async`` on purpose: FastAPI runs a plain ``def``
+    dependency in the thread pool, a thread hop on every request."""
     ctx = request.app.state.ctx
     assert isinstance(ctx, RegistryContext)
     return ctx

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.schemas import HealthResponse, ReadyResponse
-from kiln_registry.db.repository import TeacherRepository, unit_of_work
+from kiln_registry.db.repository import TeacherRepository
 
 router = APIRouter(tags=["system"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
@@ -25,7 +25,7 @@ async def health() -> HealthResponse:
 
 def _status_counts(ctx: RegistryContext) -> dict[str, int]:
     counts: dict[str, int] = {}
-    with unit_of_work(ctx.sessions) as session:
+    with ctx.reading() as session:
         for row in TeacherRepository(session).list_all():
             counts[row.status] = counts.get(row.status, 0) + 1
     return counts

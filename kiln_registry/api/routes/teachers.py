@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Path, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api import teachers_service as service
@@ -12,6 +12,7 @@ from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.routes import ERROR_RESPONSES, get_ctx
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
+    ProbeReportPublic,
     ReceiptsResponse,
     RegisterTeacherRequest,
     TeacherEntry,
@@ -25,27 +26,31 @@ Alias = Annotated[str, Path(min_length=1, max_length=128, description="The teach
 
 @router.get("", operation_id="listTeachers", response_model=TeachersListResponse)
 async def list_teachers(ctx: Ctx) -> TeachersListResponse:
+    """Every registered alias, ordered by alias."""
     return await run_in_threadpool(service.list_teachers, ctx)
 
 
 @router.post("", operation_id="registerTeacher", response_model=TeacherEntry)
 async def register_teacher(body: RegisterTeacherRequest, ctx: Ctx) -> TeacherEntry:
-    """Probe the teacher twice, then persist and publish the alias."""
+    """Probe the teacher (K=1, K=max_top_k, then the refused cap), then persist the alias."""
     return await service.register_teacher(ctx, body)
 
 
 @router.get("/{alias}", operation_id="getTeacher", response_model=TeacherEntry)
-async def get_teacher(alias: Alias, ctx: Ctx) -> TeacherEntry:
-    return await run_in_threadpool(service.get_teacher, ctx, alias)
+async def get_teacher(alias: Alias, ctx: Ctx) -> Response:
+    """One alias: its spec, capabilities, status and identity revision."""
+    # Pre-rendered TeacherEntry JSON (the hot path; see api.entry_cache).
+    return Response(await service.teacher_json(ctx, alias), media_type="application/json")
 
 
 @router.delete("/{alias}", operation_id="deleteTeacher", response_model=DeleteTeacherResponse)
 async def delete_teacher(alias: Alias, ctx: Ctx) -> DeleteTeacherResponse:
+    """Remove the alias (its receipts stay); register it again to change the deployment."""
     return await run_in_threadpool(service.delete_teacher, ctx, alias)
 
 
-@router.post("/{alias}/probe", operation_id="probeTeacher", response_model=dict[str, Any])
-async def probe_teacher(alias: Alias, ctx: Ctx) -> dict[str, Any]:
+@router.post("/{alias}/probe", operation_id="probeTeacher", response_model=ProbeReportPublic)
+async def probe_teacher(alias: Alias, ctx: Ctx) -> ProbeReportPublic:
     """Re-run both probes against the stored identity; the alias is not changed."""
     return await service.reprobe_teacher(ctx, alias)
 
@@ -56,4 +61,5 @@ async def probe_teacher(alias: Alias, ctx: Ctx) -> dict[str, Any]:
 async def list_receipts(
     alias: Alias, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> ReceiptsResponse:
+    """Stored probe reports of the alias, newest first (kept after a delete)."""
     return await run_in_threadpool(service.list_receipts, ctx, alias, limit)

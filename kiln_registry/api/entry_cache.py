@@ -1,0 +1,76 @@
+"""A coherent cache of rendered ``TeacherEntry`` bodies for ``GET /v1/teachers/{alias}``.
+
+Lookups are the registry's hot path (Kiln resolves an alias before every
+job), and a full read transaction plus re-rendering costs several times the
+HTTP handling.  The cache keeps the rendered JSON bytes per alias and stays
+coherent with the database file itself: SQLite's ``PRAGMA data_version``, read
+on a dedicated read-only connection, changes whenever ANY other connection
+(this process's writers, the job worker, another process) commits.  Any
+change empties the cache, and an entry is stored only if no commit happened
+since the version was read before its row was loaded, so a reader never sees
+a deleted alias or an old status.
+
+The version read is one PRAGMA on an idle read-only connection in WAL mode
+(it reads the WAL index header; it never waits for a writer).  Bounded: at
+most ``MAX_ENTRIES`` aliases, then the cache is emptied.  Imports the
+standard library only.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+MAX_ENTRIES = 4096
+
+
+class EntryCache:
+    """Rendered entries keyed by alias, invalidated by the database's data_version."""
+
+    def __init__(self, database: Path) -> None:
+        self._database = database
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._entries: dict[str, bytes] = {}
+
+    def _data_version(self) -> int | None:
+        if self._conn is None:
+            uri = Path(self._database).absolute().as_uri() + "?mode=ro"
+            self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        row = self._conn.execute("PRAGMA data_version").fetchone()
+        return int(row[0]) if row else None
+
+    def version(self) -> int | None:
+        """The current data_version (None if unreadable); empties the cache if it moved."""
+        with self._lock:
+            try:
+                current = self._data_version()
+            except sqlite3.Error:
+                current = None
+            if current is None or current != self._version:
+                self._entries.clear()
+                self._version = current
+            return current
+
+    def get(self, alias: str) -> bytes | None:
+        self.version()
+        with self._lock:
+            return self._entries.get(alias)
+
+    def put(self, alias: str, body: bytes, seen_version: int | None) -> None:
+        """Store ``body`` if nothing was committed since ``seen_version`` was read."""
+        with self._lock:
+            if seen_version is None or seen_version != self._version:
+                return
+            if len(self._entries) >= MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[alias] = body
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._entries.clear()

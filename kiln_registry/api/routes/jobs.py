@@ -1,0 +1,139 @@
+"""``/v1/jobs``: submit, list, show, cancel, and stream a job's identity-bound corpus.
+
+Thin handlers: validate, call one ``jobs.service`` function in a worker
+thread, return a public schema; errors are ``KilnError`` (job_invalid,
+job_not_found, job_conflict, teacher_not_registered,
+teacher_identity_required).  The running workers, when the app's lifespan
+started them, are ``app.state.job_workers``: submission wakes them and
+cancellation signals a running job at its next request boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path as FilePath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from kiln_registry.api.context import JOB_PROBE_TIMEOUT_S, RegistryContext
+from kiln_registry.api.jobs_schemas import (
+    JOB_ID_PATTERN,
+    JobCreate,
+    JobPublic,
+    JobsListResponse,
+    JobStatus,
+    job_public,
+)
+from kiln_registry.api.routes import ERROR_RESPONSES, get_ctx
+from kiln_registry.jobs import service
+from kiln_registry.jobs.state import JobEnvironment
+from kiln_registry.jobs.worker import JobWorkers
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
+Ctx = Annotated[RegistryContext, Depends(get_ctx)]
+JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job id.")]
+RESULT_CHUNK = 1 << 20
+NDJSON = "application/x-ndjson"
+
+
+def _workers(request: Request) -> Any:
+    return getattr(request.app.state, "job_workers", None)
+
+
+@router.post("", operation_id="submitJob", response_model=JobPublic, status_code=201)
+async def submit_job(body: JobCreate, ctx: Ctx, request: Request) -> JobPublic:
+    """Pin the teacher's complete spec, validate every sequence, and queue the job."""
+    submission = service.JobSubmission(
+        teacher=body.teacher,
+        top_k=body.top_k,
+        sequences=body.sequences,
+        corpus_path=body.corpus.path if body.corpus is not None else None,
+    )
+    row = await run_in_threadpool(service.submit_job, ctx.config, ctx.sessions, submission)
+    workers = _workers(request)
+    if workers is not None:
+        workers.wake()
+    return job_public(row)
+
+
+@router.get("", operation_id="listJobs", response_model=JobsListResponse)
+async def list_jobs(
+    ctx: Ctx,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JobsListResponse:
+    rows = await run_in_threadpool(service.list_jobs, ctx.sessions, limit=limit, status=status)
+    return JobsListResponse(jobs=[job_public(r) for r in rows])
+
+
+@router.get("/{job_id}", operation_id="getJob", response_model=JobPublic)
+async def get_job(job_id: JobId, ctx: Ctx) -> JobPublic:
+    return job_public(await run_in_threadpool(service.get_job, ctx.sessions, job_id))
+
+
+@router.post("/{job_id}/cancel", operation_id="cancelJob", response_model=JobPublic)
+async def cancel_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
+    """Cancel a queued job now, or a running one between two requests."""
+    row = await run_in_threadpool(service.cancel_job, ctx.sessions, job_id)
+    workers = _workers(request)
+    if workers is not None:
+        workers.cancel(job_id)
+    return job_public(row)
+
+
+async def _chunks(path: FilePath, size: int) -> AsyncIterator[bytes]:
+    handle = await run_in_threadpool(path.open, "rb")
+    try:
+        remaining = size
+        while remaining > 0:
+            chunk = await run_in_threadpool(handle.read, min(RESULT_CHUNK, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+            yield chunk
+    finally:
+        handle.close()
+
+
+@router.get(
+    "/{job_id}/result",
+    operation_id="getJobResult",
+    response_class=StreamingResponse,
+    responses={200: {"content": {NDJSON: {}}, "description": "The identity-bound corpus."}},
+)
+async def get_job_result(job_id: JobId, ctx: Ctx) -> StreamingResponse:
+    """Stream the corpus: the exact off_policy_manifest line, then one line per sequence."""
+    row, path = await run_in_threadpool(service.result_file, ctx.sessions, job_id)
+    size = row.result_bytes or 0
+    headers = {
+        "content-length": str(size),
+        "x-kiln-result-sha256": row.result_sha256 or "",
+        "x-kiln-identity-revision": "sha256:" + row.identity_digest,
+    }
+    return StreamingResponse(_chunks(path, size), media_type=NDJSON, headers=headers)
+
+
+async def start_workers(app: FastAPI, ctx: RegistryContext) -> JobWorkers:
+    """Start the ``[jobs] workers`` on the app's outbound client (called by the lifespan)."""
+    env = JobEnvironment(
+        config=ctx.config,
+        sessions=ctx.sessions,
+        http=ctx.client(),
+        student=ctx.student,
+        probe_limiter=ctx.probe_limiter,
+        count_probe=ctx.metrics.count_probe,
+        probe_timeout_s=JOB_PROBE_TIMEOUT_S,
+    )
+    workers = JobWorkers(env)
+    await workers.start()
+    app.state.job_workers = workers
+    return workers
+
+
+async def stop_workers(app: FastAPI, workers: JobWorkers) -> None:
+    """Stop the workers before the outbound client closes; running jobs go back to queued."""
+    app.state.job_workers = None
+    await workers.stop()

@@ -1,0 +1,173 @@
+"""Legacy registries on the database side: the pre-Alembic SQLite shape and imported entries.
+
+This module owns:
+
+* ``is_legacy_v0(conn)``: whether a database without ``alembic_version`` is
+  exactly the pre-Alembic registry (one ``teachers`` table with the legacy
+  columns, types, NOT NULLs and primary key, its automatic index, nothing
+  else);
+* ``check_legacy_rows(conn, where)``: the rows that revision ``0001_initial``
+  will copy must have aliases the API can address and kinds the new schema
+  allows, checked before anything changes, with a bounded scan;
+* ``insert_legacy_entries(session, entries)``: the database half of the
+  ``teachers.json`` import (every entry becomes ``legacy_unverified`` with no
+  identity; aliases already present are left alone, so a second run changes
+  nothing).
+
+``api_key_env`` is never selected or passed through here: the SQLite
+conversion never reads that column, and ``LegacyEntry`` has no such field.
+
+Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models``,
+``kiln_registry.db.repository`` and ``kiln_registry.errors`` only; never the
+API, the engine module or Alembic.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import Connection, text
+from sqlalchemy.orm import Session
+
+from kiln_registry.db.models import TEACHER_KINDS, TeacherRow
+from kiln_registry.db.repository import TeacherRepository
+from kiln_registry.errors import ConfigError
+
+LEGACY_BASE_REVISION: Final = "0000_legacy_base"
+MAX_LEGACY_ROWS: Final = 10_000
+# Same rule as kiln_registry.api.schemas.ALIAS_PATTERN (a test keeps them equal):
+# an alias outside it could not be addressed, so not deleted, over the API.
+ALIAS_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]{0,127}$")
+# Also frozen into migrations/versions/0001_initial.py (a test keeps them equal).
+LEGACY_STATUS_MESSAGE: Final = (
+    "migrated from a legacy registry without a verified identity (its api_key_env, if any,"
+    " was removed unread); delete this alias and register it again with a credential_id so"
+    " both identity probes can run"
+)
+# PRAGMA table_info rows of the legacy DDL: (cid, name, type, notnull, default, pk).
+LEGACY_V0_TABLE_INFO: Final = (
+    (0, "alias", "TEXT", 0, None, 1),
+    (1, "kind", "TEXT", 1, None, 0),
+    (2, "provider", "TEXT", 0, None, 0),
+    (3, "model_id", "TEXT", 0, None, 0),
+    (4, "url", "TEXT", 0, None, 0),
+    (5, "api_key_env", "TEXT", 0, None, 0),
+    (6, "notes", "TEXT", 0, None, 0),
+    (7, "spec_json", "TEXT", 1, None, 0),
+    (8, "created_at", "TEXT", 1, None, 0),
+)
+_LEGACY_OBJECTS: Final = (("index", "sqlite_autoindex_teachers_1"), ("table", "teachers"))
+_MAX_OBJECTS: Final = 16
+_SHOWN_CHARS: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyEntry:
+    """One validated entry of a legacy registry file: no identity, no secret name."""
+
+    alias: str
+    kind: str
+    provider: str | None = None
+    model_id: str | None = None
+    url: str | None = None
+    credential_id: str | None = None
+    notes: str | None = None
+    adapter: str | None = None
+
+
+def _shown(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= _SHOWN_CHARS else shown[: _SHOWN_CHARS - 3] + "..."
+
+
+def is_legacy_v0(conn: Connection) -> bool:
+    """True when the schema is exactly the pre-Alembic registry's (see the module docstring)."""
+    objects = conn.execute(
+        text("SELECT type, name FROM sqlite_master ORDER BY type, name LIMIT :cap"),
+        {"cap": _MAX_OBJECTS},
+    ).all()
+    if tuple((str(row[0]), str(row[1])) for row in objects) != _LEGACY_OBJECTS:
+        return False
+    info = conn.exec_driver_sql("PRAGMA table_info(teachers)").all()
+    return tuple(tuple(row) for row in info) == LEGACY_V0_TABLE_INFO
+
+
+def _row_problem(alias: object, kind: object) -> tuple[str, str] | None:
+    if not isinstance(alias, str) or not ALIAS_PATTERN.fullmatch(alias):
+        return (
+            "legacy.alias",
+            f"alias {_shown(alias)} is not 1..128 characters of [A-Za-z0-9._@:+=-] "
+            "starting with a letter or digit",
+        )
+    if not isinstance(kind, str) or kind not in TEACHER_KINDS:
+        return (
+            "legacy.kind",
+            f"alias {alias!r} has kind {_shown(kind)}, not one of {', '.join(TEACHER_KINDS)}",
+        )
+    return None
+
+
+def check_legacy_rows(conn: Connection, where: str) -> int:
+    """Refuse legacy rows the conversion cannot carry; return how many rows there are.
+
+    Reads only ``alias`` and ``kind``, at most ``MAX_LEGACY_ROWS + 1`` rows.
+    """
+    rows = conn.execute(
+        text("SELECT alias, kind FROM teachers ORDER BY rowid LIMIT :cap"),
+        {"cap": MAX_LEGACY_ROWS + 1},
+    ).all()
+    if len(rows) > MAX_LEGACY_ROWS:
+        raise ConfigError(
+            f"legacy database {where} has more than {MAX_LEGACY_ROWS} teachers",
+            rule="legacy.too_many",
+        )
+    for alias, kind in rows:
+        problem = _row_problem(alias, kind)
+        if problem is not None:
+            raise ConfigError(
+                f"legacy database {where}: {problem[1]}; nothing was changed",
+                rule=problem[0],
+                hint="fix or delete that row with the release that wrote the database",
+            )
+    return len(rows)
+
+
+def insert_legacy_entries(
+    session: Session, entries: Sequence[LegacyEntry]
+) -> tuple[list[str], list[str]]:
+    """Add each entry as ``legacy_unverified``; return (imported, already present) aliases.
+
+    Runs in the caller's transaction and never commits.  An alias that is
+    already registered (imported earlier, or registered again since) is
+    left exactly as it is.
+    """
+    if len(entries) > MAX_LEGACY_ROWS:
+        raise ConfigError(f"more than {MAX_LEGACY_ROWS} legacy entries", rule="legacy.too_many")
+    repo = TeacherRepository(session)
+    imported: list[str] = []
+    present: list[str] = []
+    for entry in entries:
+        if repo.get(entry.alias) is not None:
+            present.append(entry.alias)
+            continue
+        repo.insert(
+            TeacherRow(
+                alias=entry.alias,
+                kind=entry.kind,
+                provider=entry.provider,
+                model_id=entry.model_id,
+                url=entry.url,
+                credential_id=entry.credential_id,
+                notes=entry.notes,
+                adapter=entry.adapter,
+                identity_json=None,
+                identity_digest=None,
+                status="legacy_unverified",
+                status_message=LEGACY_STATUS_MESSAGE,
+            )
+        )
+        imported.append(entry.alias)
+    return imported, present

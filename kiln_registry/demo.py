@@ -1,0 +1,454 @@
+"""``kiln demo``: a tiny model, a reference teacher and the registry, end to end.
+
+Owns the demo run: the cached tiny model (``<cache>/model-v1``, built into a
+temporary directory beside it and renamed into place only when complete;
+reused when its ``complete.json`` still matches every file), the two child
+processes (``kiln reference-teacher`` on a free loopback port and
+``kiln serve`` with a generated ``kiln.toml`` whose student is the same model
+and whose database lives in a temporary work directory), the registration
+through the HTTP API with ``RegistryClient``, and the shutdown.
+
+Shutdown is unconditional: on success, failure, Ctrl-C or SIGTERM every child
+gets SIGTERM on its own process group, then SIGKILL after a grace period, is
+reaped, and the work directory is removed.  While cleaning up, further
+SIGINT/SIGTERM are ignored so the cleanup cannot be cut short.  On Linux the
+children also get SIGTERM if the demo itself dies (``PR_SET_PDEATHSIG``).
+
+Imports: standard library, httpx, platformdirs and kiln_registry's client,
+errors and (inside ``ensure_demo_model``) the tiny model builder; torch only
+through that builder and the child processes.  No network beyond loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import platformdirs
+
+from kiln_registry.client import RegistryClient, RegistryClientError
+from kiln_registry.errors import InputError, LauncherError
+
+RESULT_SCHEMA = "kiln.demo-result.v1"
+MODEL_DIR_NAME = "model-v1"
+COMPLETE_NAME = "complete.json"
+COMPLETE_SCHEMA = "kiln.demo-model.v1"
+SERVED_MODEL_ID = "kiln-demo-teacher"
+ALIAS = "demo-teacher@reference"
+MAX_TOP_K = 8
+MAX_MODEL_LEN = 256
+TEACHER_START_S = 180.0
+REGISTRY_START_S = 60.0
+STOP_GRACE_S = 10.0
+REGISTRY_ATTEMPTS = 3
+LOG_TAIL_BYTES = 2000
+MAX_MODEL_FILES = 64
+
+Builder = Callable[[Path], object]
+
+
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("kiln-registry")) / "demo"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _model_files(model: Path) -> dict[str, dict[str, Any]]:
+    names = sorted(p.name for p in model.iterdir())
+    if len(names) > MAX_MODEL_FILES:
+        raise InputError(f"{model} holds more than {MAX_MODEL_FILES} files", rule="demo.model")
+    files = {}
+    for name in names:
+        path = model / name
+        if path.is_symlink() or not path.is_file():
+            raise InputError(f"{path} is not a regular file", rule="demo.model")
+        files[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    return files
+
+
+def model_is_complete(root: Path) -> bool:
+    """True when ``root/complete.json`` matches every file of ``root/model`` exactly."""
+    try:
+        record = json.loads((root / COMPLETE_NAME).read_text(encoding="utf-8"))
+        return bool(
+            record.get("schema") == COMPLETE_SCHEMA
+            and record.get("files") == _model_files(root / "model")
+        )
+    except (OSError, ValueError, AttributeError, InputError):
+        return False
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (deepest first), then ``root``."""
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        _fsync(path)
+    _fsync(root)
+
+
+def _default_builder(dest: Path) -> object:
+    from kiln_registry.testing.tiny_models import build_tiny_llama
+
+    return build_tiny_llama(dest)
+
+
+def _install(staging: Path, root: Path) -> None:
+    """Rename ``staging`` to ``root``, replacing an incomplete entry; a complete one wins."""
+    if root.exists() and not model_is_complete(root):
+        stale = Path(tempfile.mkdtemp(prefix=f".stale-{MODEL_DIR_NAME}-", dir=root.parent))
+        os.rename(root, stale / "old")
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.rename(staging, root)
+    except OSError:
+        if not model_is_complete(root):  # else another demo installed a good copy first
+            raise
+    _fsync(root.parent)
+
+
+def ensure_demo_model(cache_dir: Path, *, build: Builder = _default_builder) -> tuple[Path, bool]:
+    """The demo model directory and whether it was reused from the cache.
+
+    A missing or incomplete cache entry is rebuilt in a temporary directory
+    beside it, recorded in ``complete.json``, fsynced and renamed into place.
+    """
+    root = cache_dir / MODEL_DIR_NAME
+    if model_is_complete(root):
+        return root / "model", True
+    staging: Path | None = None
+    try:
+        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR_NAME}-", dir=cache_dir))
+        build(staging / "model")
+        record = {"schema": COMPLETE_SCHEMA, "files": _model_files(staging / "model")}
+        (staging / COMPLETE_NAME).write_text(json.dumps(record, indent=2) + "\n", "utf-8")
+        _fsync_tree(staging)
+        _install(staging, root)
+    except OSError as exc:
+        raise LauncherError(
+            f"could not build the demo model under {cache_dir} ({type(exc).__name__}: {exc})",
+            rule="demo.model_cache",
+            hint="check the cache directory, or pass --cache-dir",
+        ) from exc
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return root / "model", False
+
+
+def require_reference_extra() -> None:
+    modules = ("torch", "transformers", "safetensors")
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(
+            f"kiln demo needs {', '.join(missing)} (the 'reference' extra)",
+            rule="demo.extra",
+            hint="pip install -e '.[reference]'",
+        )
+
+
+def _set_parent_death_signal() -> None:  # pragma: no cover - runs in the forked child
+    """Linux: the child gets SIGTERM when the demo process dies, even by SIGKILL."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    """A child process in its own session, with its output in files of the work dir."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    def tail(self) -> str:
+        """The end of the child's stderr, for error messages (the demo has no secrets)."""
+        try:
+            with self.stderr.open("rb") as handle:
+                handle.seek(max(0, self.stderr.stat().st_size - LOG_TAIL_BYTES))
+                text = handle.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in text.splitlines()[-6:] if line.strip())
+
+    def failed(self, what: str) -> LauncherError:
+        code = self.process.poll()
+        state = f"exited with status {code}" if code is not None else "is still running"
+        return LauncherError(
+            f"{self.name} {what}; it {state}. Last log lines: {self.tail() or '(none)'}",
+            rule=f"demo.{self.name.replace(' ', '_')}",
+        )
+
+    def stop(self) -> None:
+        """SIGTERM to the process group, wait, SIGKILL fallback; always reaped."""
+        for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
+            if self.process.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # leftovers in the group, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(STOP_GRACE_S)
+
+
+@dataclass
+class DemoRun:
+    """What one demo run started; ``close()`` undoes all of it."""
+
+    work_dir: Path
+    children: list[Child] = field(default_factory=list)
+
+    def spawn(self, name: str, args: list[str]) -> Child:
+        slug = f"{name.replace(' ', '-')}-{len(self.children) + 1}"
+        stdout, stderr = self.work_dir / f"{slug}.out", self.work_dir / f"{slug}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with stdout.open("wb") as out, stderr.open("wb") as err:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "kiln_registry.cli.main", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=self.work_dir,
+                start_new_session=True,
+                preexec_fn=_set_parent_death_signal if sys.platform == "linux" else None,
+            )
+        child = Child(name, process, stdout, stderr)
+        self.children.append(child)
+        return child
+
+    def close(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cleaned_up(run: DemoRun) -> Iterator[DemoRun]:
+    """Run the body with SIGTERM raising KeyboardInterrupt; then ``run.close()`` with
+    SIGINT and SIGTERM ignored, whatever happened, and the old handlers restored."""
+    main = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
+    try:
+        yield run
+    finally:
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            run.close()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, old_int if old_int is not None else signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait(child: Child, deadline: float, what: str, ready: Callable[[], Any]) -> Any:
+    """Poll ``ready()`` until it returns a value, the child exits, or the deadline passes."""
+    while True:
+        value = ready()
+        if value is not None:
+            return value
+        if child.process.poll() is not None:
+            raise child.failed(f"stopped before {what}")
+        if time.monotonic() > deadline:
+            raise child.failed(f"did not {what} in time")
+        time.sleep(0.1)
+
+
+def _startup_line(child: Child) -> dict[str, Any] | None:
+    try:
+        text = child.stdout.read_bytes()[:65536].decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    if "\n" not in text:
+        return None
+    try:
+        line = json.loads(text.split("\n", 1)[0])
+    except ValueError:
+        raise child.failed("printed an unexpected first line") from None
+    if not isinstance(line, dict) or not isinstance(line.get("url"), str):
+        raise child.failed("printed a startup line without a url")
+    return line
+
+
+def _healthy(url: str) -> bool | None:
+    try:
+        with httpx.Client(trust_env=False, timeout=2.0) as http:
+            return True if http.get(f"{url}/health").status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def spawn_teacher(run: DemoRun, model: Path) -> Child:
+    """``kiln reference-teacher`` on a free loopback port (it prints its URL when listening)."""
+    return run.spawn(
+        "reference teacher",
+        ["reference-teacher", "--model-path", str(model), "--served-model-id", SERVED_MODEL_ID,
+         "--max-top-k", str(MAX_TOP_K), "--max-model-len", str(MAX_MODEL_LEN),
+         "--host", "127.0.0.1", "--port", "0"],
+    )  # fmt: skip
+
+
+def wait_teacher(child: Child) -> dict[str, Any]:
+    """The teacher's startup line, once its /health answers."""
+    deadline = time.monotonic() + TEACHER_START_S
+    line: dict[str, Any] = _wait(child, deadline, "listen", lambda: _startup_line(child))
+    _wait(child, deadline, "answer /health", lambda: _healthy(line["url"]))
+    return line
+
+
+def _toml_string(value: str) -> str:
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise InputError("a demo path contains a control character", rule="demo.path")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_config(work_dir: Path, model: Path, port: int) -> Path:
+    path = work_dir / "kiln.toml"
+    path.write_text(
+        "# Generated by `kiln demo`; removed when the demo ends.\n"
+        f'[server]\nhost = "127.0.0.1"\nport = {port}\n'
+        f"database = {_toml_string(str(work_dir / 'registry.db'))}\n\n"
+        f"[student]\nmodel_path = {_toml_string(str(model))}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _registry_up(client: RegistryClient) -> bool | None:
+    try:
+        client.health()
+    except RegistryClientError:
+        return None
+    return True
+
+
+def start_registry(run: DemoRun, model: Path) -> tuple[Child, str]:
+    """``kiln serve`` on a free loopback port (retried when another process took the port)."""
+    for attempt in range(1, REGISTRY_ATTEMPTS + 1):
+        port = _free_port()
+        config = write_config(run.work_dir, model, port)
+        child = run.spawn("registry", ["serve", "--config", str(config)])
+        url = f"http://127.0.0.1:{port}"
+        with RegistryClient(url, timeout=2.0) as client:
+            try:
+                up = functools.partial(_registry_up, client)
+                _wait(child, time.monotonic() + REGISTRY_START_S, "answer /health", up)
+            except LauncherError:
+                if attempt < REGISTRY_ATTEMPTS and "address already in use" in child.tail().lower():
+                    continue
+                raise
+        return child, url
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _register(registry_url: str, teacher_url: str) -> dict[str, Any]:
+    with RegistryClient(registry_url, timeout=60.0) as client:
+        entry = client.register_teacher(
+            alias=ALIAS,
+            kind="remote",
+            provider="vllm",
+            model_id=SERVED_MODEL_ID,
+            url=teacher_url,
+            notes="registered by `kiln demo`: eager Transformers reference teacher on CPU",
+        )
+        listed = [e.spec.alias for e in client.list_teachers()]
+    if entry.off_policy_manifest is None or ALIAS not in listed:
+        raise LauncherError("the registry did not publish the demo teacher", rule="demo.register")
+    return entry.model_dump(mode="json", by_alias=True)
+
+
+def _quiet(text: str) -> None:
+    del text
+
+
+def run_demo(
+    cache_dir: Path | None = None,
+    *,
+    progress: Callable[[str], None] = _quiet,
+    build: Builder = _default_builder,
+) -> dict[str, Any]:
+    """Build or reuse the model, start both servers, register, stop everything.
+
+    Returns the result document (``kiln.demo-result.v1``) after every child
+    has been stopped and the work directory removed.
+    """
+    require_reference_extra()
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    progress(f"tiny model: {cache / MODEL_DIR_NAME}")
+    model, reused = ensure_demo_model(cache, build=build)
+    progress("tiny model reused from the cache" if reused else "tiny model built")
+    run = DemoRun(Path(tempfile.mkdtemp(prefix="kiln-demo-")))
+    result: dict[str, Any] = {"schema": RESULT_SCHEMA, "work_dir": str(run.work_dir)}
+    with cleaned_up(run):
+        progress(f"work dir {run.work_dir}; starting the reference teacher and the registry")
+        teacher = spawn_teacher(run, model)
+        progress(f"reference teacher pid {teacher.process.pid} is loading the model")
+        registry, registry_url = start_registry(run, model)
+        progress(f"registry pid {registry.process.pid} at {registry_url}")
+        line = wait_teacher(teacher)
+        progress(f"reference teacher at {line['url']}")
+        progress(f"registering {ALIAS}")
+        entry = _register(registry_url, line["url"])
+        result.update(
+            model_path=str(model),
+            model_reused=reused,
+            teacher={"url": line["url"], "pid": teacher.process.pid,
+                     "served_model_id": SERVED_MODEL_ID, "fingerprint": line.get("fingerprint")},
+            registry={"url": registry_url, "pid": registry.process.pid},
+            entry=entry,
+            off_policy_manifest=entry["off_policy_manifest"],
+        )  # fmt: skip
+        progress("registered; stopping the registry and the teacher")
+    result["stopped"] = all(c.process.poll() is not None for c in run.children)
+    result["work_dir_removed"] = not run.work_dir.exists()
+    return result

@@ -1,0 +1,129 @@
+"""Identity-bound teacher corpora: the result JSONL of a scoring job, written and verified.
+
+Layout (``kiln.teacher-scores.v1``):
+
+* Line 1 is exactly the teacher's ``off_policy_manifest``
+  (``{"schema":"kiln.off-policy-distillation-manifest.v1","teacher_identity":J}``
+  with ``J`` the canonical identity bytes), because Kiln requires the first
+  non-empty line of an off-policy corpus to be that exact string and counts
+  every other line as a record.  So the job id and K are not in the header:
+* every further line is one sequence, compact JSON with keys in this order:
+  ``format`` (``"kiln.teacher-scores.v1"``), ``job_id``, ``teacher`` (the
+  alias), ``identity_digest`` (hex of the header identity), ``top_k``,
+  ``id``, ``token_ids_sha256`` (SHA-256 of the ids as 4-byte little-endian
+  unsigned integers), ``token_ids``, ``topk_ids`` and ``topk_logprobs`` (one
+  K-wide row per position: row ``i`` is the teacher's distribution over the
+  token after position ``i``; the last row comes from Kiln's causal final-row
+  probe) and ``token_logprobs`` (the ``n - 1`` logprobs of the sequence's own
+  next tokens).  Logprobs are float32 values in their shortest round-trip form.
+
+``CorpusWriter`` writes to a hidden partial file and publishes it atomically
+(fsync, rename, fsync of the directory); ``discard`` removes it.  Reading and
+verifying a corpus is ``jobs.corpus_verify``.
+
+Imports: standard library, numpy, orjson, ``identity.document`` and
+``jobs.cache``/``jobs.sources``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import numpy as np
+import orjson
+
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.jobs.cache import ScoredSequence
+from kiln_registry.jobs.sources import token_ids_sha256
+
+OFF_POLICY_SCHEMA: Final = "kiln.off-policy-distillation-manifest.v1"
+ROW_FORMAT: Final = "kiln.teacher-scores.v1"
+ROW_KEYS: Final = (
+    "format", "job_id", "teacher", "identity_digest", "top_k", "id", "token_ids_sha256",
+    "token_ids", "topk_ids", "topk_logprobs", "token_logprobs",
+)  # fmt: skip
+
+
+def off_policy_manifest(identity: TeacherIdentity) -> str:
+    """The exact first line Kiln requires (same text as the registry's entry field)."""
+    canonical = identity.canonical_bytes().decode("utf-8")
+    return '{"schema":"' + OFF_POLICY_SCHEMA + '","teacher_identity":' + canonical + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class RowContext:
+    job_id: str
+    teacher: str
+    identity: TeacherIdentity
+    top_k: int
+
+
+def encode_row(
+    ctx: RowContext, seq_id: str, tokens: np.ndarray[Any, Any], scored: ScoredSequence
+) -> bytes:
+    """One corpus line (with its newline) for a scored sequence."""
+    row = {
+        "format": ROW_FORMAT,
+        "job_id": ctx.job_id,
+        "teacher": ctx.teacher,
+        "identity_digest": ctx.identity.digest(),
+        "top_k": ctx.top_k,
+        "id": seq_id,
+        "token_ids_sha256": token_ids_sha256(tokens),
+        "token_ids": np.ascontiguousarray(tokens, dtype=np.int32),
+        "topk_ids": np.ascontiguousarray(scored.topk_ids, dtype=np.int32),
+        "topk_logprobs": np.ascontiguousarray(scored.topk_logprobs, dtype=np.float32),
+        "token_logprobs": np.ascontiguousarray(scored.token_logprobs, dtype=np.float32),
+    }
+    return orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+
+
+class CorpusWriter:
+    """Streams a corpus into ``.<name>.partial`` beside ``final`` and publishes it atomically."""
+
+    def __init__(self, final: Path, ctx: RowContext) -> None:
+        self.final = final
+        self.partial = final.with_name(f".{final.name}.partial")
+        self.ctx = ctx
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+        self.lines = 0
+        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=1 << 20)
+        self._write((off_policy_manifest(ctx.identity) + "\n").encode("utf-8"))
+
+    def _write(self, data: bytes) -> None:
+        assert self._file is not None, "the corpus writer is closed"
+        self._file.write(data)
+        self.sha256.update(data)
+        self.bytes += len(data)
+        self.lines += 1
+
+    def write(self, seq_id: str, tokens: np.ndarray[Any, Any], scored: ScoredSequence) -> None:
+        self._write(encode_row(self.ctx, seq_id, tokens, scored))
+
+    def commit(self) -> tuple[str, int]:
+        """fsync, rename over ``final``, fsync the directory; return (sha256, bytes)."""
+        assert self._file is not None, "the corpus writer is closed"
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(self.partial, self.final)
+        dir_fd = os.open(self.final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return self.sha256.hexdigest(), self.bytes
+
+    def discard(self) -> None:
+        """Drop the partial file (uncommitted results never become a corpus)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.partial.unlink(missing_ok=True)

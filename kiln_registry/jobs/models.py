@@ -1,0 +1,139 @@
+"""SQLAlchemy rows of the job queue, on the registry's declarative ``Base``.
+
+Owns the Python view of ``jobs``, ``job_sequences``, ``score_cache`` and
+``device_leases`` (created by ``migrations/versions/0002_jobs.py``, which is
+the schema's owner) and the allowed values of their CHECK columns.  The rows
+share ``kiln_registry.db.models.Base`` so ``db.models.metadata`` describes the
+whole migrated schema once this module is imported.
+
+No row holds a secret: a job pins its teacher's ``credential_id`` (a name).
+Imports: the standard library, SQLAlchemy and ``kiln_registry.db.models``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import (
+    CheckConstraint,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    LargeBinary,
+    PrimaryKeyConstraint,
+    Text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from kiln_registry.db.models import Base
+
+JOB_KINDS: Final = ("teacher_scoring",)
+JOB_STATUSES: Final = ("queued", "probing", "running", "succeeded", "failed", "cancelled")
+ACTIVE_STATUSES: Final = ("probing", "running")
+TERMINAL_STATUSES: Final = ("succeeded", "failed", "cancelled")
+JOB_SOURCES: Final = ("inline", "corpus")
+
+
+def _in_list(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class JobRow(Base):
+    """One scoring job: its pinned teacher spec, phase timestamps, progress and outcome."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_in_list("status", JOB_STATUSES), name="status"),
+        CheckConstraint(_in_list("kind", JOB_KINDS), name="kind"),
+        CheckConstraint(_in_list("source", JOB_SOURCES), name="source"),
+        Index("ix_jobs_status_created_at", "status", "created_at"),
+        Index("ix_jobs_created_at", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    teacher_alias: Mapped[str] = mapped_column(Text)
+    teacher_kind: Mapped[str] = mapped_column(Text)
+    teacher_url: Mapped[str] = mapped_column(Text)
+    teacher_credential_id: Mapped[str | None] = mapped_column(Text)
+    teacher_model_id: Mapped[str] = mapped_column(Text)
+    teacher_created_at: Mapped[str] = mapped_column(Text)
+    identity_json: Mapped[str] = mapped_column(Text)
+    identity_digest: Mapped[str] = mapped_column(Text)
+    top_k: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(Text)
+    corpus_path: Mapped[str | None] = mapped_column(Text)
+    corpus_sha256: Mapped[str | None] = mapped_column(Text)
+    sequence_count: Mapped[int] = mapped_column(Integer)
+    token_count: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str | None] = mapped_column(Text)
+    claim_token: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[int] = mapped_column(Integer)
+    attempts: Mapped[int] = mapped_column(Integer)
+    scored_count: Mapped[int] = mapped_column(Integer)
+    cache_hits: Mapped[int] = mapped_column(Integer)
+    requests_sent: Mapped[int] = mapped_column(Integer)
+    retries: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[str] = mapped_column(Text)
+    claimed_at: Mapped[str | None] = mapped_column(Text)
+    spec_checked_at: Mapped[str | None] = mapped_column(Text)
+    probed_at: Mapped[str | None] = mapped_column(Text)
+    leased_at: Mapped[str | None] = mapped_column(Text)
+    scoring_started_at: Mapped[str | None] = mapped_column(Text)
+    finished_at: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[str] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(Text)
+    error_rule: Mapped[str | None] = mapped_column(Text)
+    error_message: Mapped[str | None] = mapped_column(Text)
+    result_path: Mapped[str | None] = mapped_column(Text)
+    result_sha256: Mapped[str | None] = mapped_column(Text)
+    result_bytes: Mapped[int | None] = mapped_column(Integer)
+
+    def __repr__(self) -> str:
+        return f"JobRow(id={self.id!r}, status={self.status!r}, teacher={self.teacher_alias!r})"
+
+
+class JobSequenceRow(Base):
+    """One input sequence of a job, copied at submission (int32 little-endian ids)."""
+
+    __tablename__ = "job_sequences"
+    __table_args__ = (
+        PrimaryKeyConstraint("job_id", "idx", name="pk_job_sequences"),
+        ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+    )
+
+    job_id: Mapped[str] = mapped_column(Text)
+    idx: Mapped[int] = mapped_column(Integer)
+    seq_id: Mapped[str] = mapped_column(Text)
+    token_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    token_sha256: Mapped[str] = mapped_column(Text)
+
+
+class ScoreCacheRow(Base):
+    """Scores of one sequence by one identity at one K, as binary numpy columns."""
+
+    __tablename__ = "score_cache"
+    __table_args__ = (
+        PrimaryKeyConstraint("identity_digest", "top_k", "token_sha256", name="pk_score_cache"),
+    )
+
+    identity_digest: Mapped[str] = mapped_column(Text)
+    top_k: Mapped[int] = mapped_column(Integer)
+    token_sha256: Mapped[str] = mapped_column(Text)
+    row_count: Mapped[int] = mapped_column(Integer)
+    topk_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    topk_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    token_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[str] = mapped_column(Text)
+
+
+class DeviceLeaseRow(Base):
+    """An exclusive device lease: the primary key makes two holders impossible."""
+
+    __tablename__ = "device_leases"
+
+    device: Mapped[str] = mapped_column(Text, primary_key=True)
+    job_id: Mapped[str] = mapped_column(Text)
+    claim_token: Mapped[str] = mapped_column(Text)
+    acquired_at: Mapped[str] = mapped_column(Text)

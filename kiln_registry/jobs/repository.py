@@ -1,0 +1,218 @@
+"""Data access for jobs and their sequences: the only place job-queue SQL is built.
+
+``JobRepository`` wraps a caller's ``Session`` and never commits; callers use
+``db.repository.unit_of_work`` and keep transactions short (every session
+begins IMMEDIATE, so a transaction holds the write lock).
+
+The claim is one statement: ``UPDATE jobs ... WHERE id = (oldest queued) AND
+status = 'queued' RETURNING *`` with a fresh claim token, so two workers can
+never claim one job.  Every later change by a worker is conditional on its
+claim token (``update_claimed``), so a worker that lost its claim (restart
+recovery, cancellation of a queued job) changes nothing.
+
+Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` (the
+timestamp), ``jobs.models`` and ``kiln_registry.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, cast
+
+from sqlalchemy import CursorResult, insert, select, update
+from sqlalchemy.orm import Session
+
+from kiln_registry.db.models import utc_timestamp
+from kiln_registry.errors import InputError, JobConflict, JobNotFound
+from kiln_registry.jobs.models import (
+    ACTIVE_STATUSES,
+    JOB_STATUSES,
+    JobRow,
+    JobSequenceRow,
+)
+
+MAX_LIST_LIMIT: Final = 1_000
+MAX_PAGE: Final = 10_000
+MAX_ERROR_CHARS: Final = 2_000
+_RESET_PHASES: Final = {
+    "spec_checked_at": None,
+    "probed_at": None,
+    "leased_at": None,
+    "scoring_started_at": None,
+    "device": None,
+    "scored_count": 0,
+    "cache_hits": 0,
+    "requests_sent": 0,
+    "retries": 0,
+}
+
+
+def _rowcount(result: object) -> int:
+    return cast("CursorResult[Any]", result).rowcount
+
+
+def clip_message(message: str) -> str:
+    if len(message) <= MAX_ERROR_CHARS:
+        return message
+    return message[: MAX_ERROR_CHARS - 1] + "…"
+
+
+class JobRepository:
+    """Jobs and their sequences within the caller's session and transaction."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def insert(self, row: JobRow, sequences: Sequence[tuple[str, bytes, str]]) -> None:
+        """Add a queued job with its sequences as ``(seq_id, int32 bytes, sha256)``."""
+        self._session.add(row)
+        self._session.flush()
+        for start in range(0, len(sequences), MAX_PAGE):
+            chunk = sequences[start : start + MAX_PAGE]
+            self._session.execute(
+                insert(JobSequenceRow),
+                [
+                    {"job_id": row.id, "idx": start + i, "seq_id": s, "token_ids": t,
+                     "token_sha256": h}
+                    for i, (s, t, h) in enumerate(chunk)
+                ],
+            )  # fmt: skip
+
+    def get(self, job_id: str) -> JobRow | None:
+        return self._session.get(JobRow, job_id)
+
+    def require(self, job_id: str) -> JobRow:
+        row = self.get(job_id)
+        if row is None:
+            raise JobNotFound(f"job {job_id!r} does not exist")
+        return row
+
+    def list_jobs(self, *, limit: int = 100, status: str | None = None) -> list[JobRow]:
+        """Up to ``limit`` jobs, newest first, optionally of one status."""
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise InputError(f"limit must be 1..{MAX_LIST_LIMIT}", rule="db.limit")
+        query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id.desc())
+        if status is not None:
+            if status not in JOB_STATUSES:
+                raise InputError(f"status {status!r} is not a job status", rule="job.status")
+            query = query.where(JobRow.status == status)
+        return list(self._session.scalars(query.limit(limit)))
+
+    def claim_next(self, token: str) -> JobRow | None:
+        """Atomically move the oldest queued job to ``probing`` under ``token``."""
+        oldest = (
+            select(JobRow.id)
+            .where(JobRow.status == "queued")
+            .order_by(JobRow.created_at, JobRow.id)
+            .limit(1)
+            .scalar_subquery()
+        )
+        now = utc_timestamp()
+        stmt = (
+            update(JobRow)
+            .where(JobRow.id == oldest, JobRow.status == "queued")
+            .values(
+                status="probing",
+                claim_token=token,
+                claimed_at=now,
+                updated_at=now,
+                attempts=JobRow.attempts + 1,
+                **_RESET_PHASES,
+            )
+            .returning(JobRow)
+            .execution_options(synchronize_session=False)
+        )
+        return self._session.scalars(stmt).one_or_none()
+
+    def update_claimed(self, job_id: str, token: str, **values: object) -> bool:
+        """Change an active job this worker holds; False if the claim was lost."""
+        stmt = (
+            update(JobRow)
+            .where(
+                JobRow.id == job_id,
+                JobRow.claim_token == token,
+                JobRow.status.in_(ACTIVE_STATUSES),
+            )
+            .values(updated_at=utc_timestamp(), **values)
+            .execution_options(synchronize_session=False)
+        )
+        return _rowcount(self._session.execute(stmt)) == 1
+
+    def finish(self, job_id: str, token: str, status: str, **values: object) -> bool:
+        """Move a held job to a terminal ``status``; the claim token is cleared."""
+        now = utc_timestamp()
+        return self.update_claimed(
+            job_id, token, status=status, finished_at=now, claim_token=None, **values
+        )
+
+    def cancel_requested(self, job_id: str) -> bool:
+        value = self._session.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id))
+        return bool(value)
+
+    def request_cancel(self, job_id: str) -> JobRow:
+        """Cancel now (queued), at the next request boundary (active), or refuse (done)."""
+        row = self.require(job_id)
+        now = utc_timestamp()
+        if row.status == "queued":
+            self._session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == "queued")
+                .values(status="cancelled", cancel_requested=1, finished_at=now, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        elif row.status in ACTIVE_STATUSES:
+            self._session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id)
+                .values(cancel_requested=1, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        elif row.status != "cancelled":
+            raise JobConflict(
+                f"job {job_id!r} already {row.status}; only queued or running jobs can be cancelled"
+            )
+        self._session.expire(row)
+        return self.require(job_id)
+
+    def requeue_interrupted(self) -> list[str]:
+        """At start-up: active jobs go back to ``queued`` (or ``cancelled`` if asked)."""
+        now = utc_timestamp()
+        active = list(
+            self._session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE_STATUSES)))
+        )
+        self._session.execute(
+            update(JobRow)
+            .where(JobRow.status.in_(ACTIVE_STATUSES), JobRow.cancel_requested == 1)
+            .values(status="cancelled", claim_token=None, finished_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        self._session.execute(
+            update(JobRow)
+            .where(JobRow.status.in_(ACTIVE_STATUSES))
+            .values(status="queued", claim_token=None, updated_at=now, **_RESET_PHASES)
+            .execution_options(synchronize_session=False)
+        )
+        return active
+
+    def release_claim(self, job_id: str, token: str) -> bool:
+        """A worker that stops mid-job puts it back to ``queued`` for the next start."""
+        stmt = (
+            update(JobRow)
+            .where(JobRow.id == job_id, JobRow.claim_token == token)
+            .where(JobRow.status.in_(ACTIVE_STATUSES))
+            .values(status="queued", claim_token=None, updated_at=utc_timestamp(), **_RESET_PHASES)
+            .execution_options(synchronize_session=False)
+        )
+        return _rowcount(self._session.execute(stmt)) == 1
+
+    def sequences(self, job_id: str, *, after: int, limit: int) -> list[JobSequenceRow]:
+        """Sequences with ``idx > after`` in order, at most ``limit`` (<= ``MAX_PAGE``)."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InputError(f"limit must be 1..{MAX_PAGE}", rule="db.limit")
+        query = (
+            select(JobSequenceRow)
+            .where(JobSequenceRow.job_id == job_id, JobSequenceRow.idx > after)
+            .order_by(JobSequenceRow.idx)
+            .limit(limit)
+        )
+        return list(self._session.scalars(query))

@@ -1,0 +1,205 @@
+"""Job submission, lookup, cancellation and results: the queue's synchronous service layer.
+
+Submission pins the alias's complete spec (identity, URL, credential id,
+model id, bounds, and the registry row's creation time, so a delete and
+re-register is detected even with identical values) into the job row and
+copies every input sequence into ``job_sequences``, after validating each
+one against the pinned identity (``jobs.sources``).  Unknown aliases are
+``TeacherNotRegistered``; aliases without a verified, usable identity are
+``IdentityRequired``.  The corpus is read outside any transaction; the insert
+transaction re-reads the alias and refuses (``JobConflict``) if it changed
+meanwhile.
+
+Call these from a worker thread (they block on SQLite and files).
+Imports: standard library, SQLAlchemy, ``kiln_registry.config``/``db``/
+``errors``/``identity`` and ``jobs``; never the API layer.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from kiln_registry.config import KilnConfig
+from kiln_registry.db.models import TeacherRow, utc_timestamp
+from kiln_registry.db.repository import TeacherRepository, unit_of_work
+from kiln_registry.errors import (
+    IdentityRequired,
+    JobConflict,
+    JobInvalid,
+    TeacherNotRegistered,
+)
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.jobs.models import JobRow
+from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.sources import LoadedSequences, corpus_sequences, inline_sequences
+
+RESULT_DIR_NAME = "job-results"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmission:
+    """A validated request: exactly one of ``sequences`` and ``corpus_path``."""
+
+    teacher: str
+    top_k: int
+    sequences: Sequence[Sequence[object]] | None = None
+    corpus_path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedTeacher:
+    """The parts of a registry row a job pins and later compares (phase a)."""
+
+    alias: str
+    kind: str
+    url: str
+    credential_id: str | None
+    model_id: str
+    created_at: str
+    identity_json: str
+    identity_digest: str
+
+    @property
+    def identity(self) -> TeacherIdentity:
+        return TeacherIdentity.from_mapping(json.loads(self.identity_json))
+
+
+def result_root(config: KilnConfig) -> Path:
+    """``[jobs] result_root``, or ``job-results`` beside the database; created 0700."""
+    root = config.jobs.result_root or config.server.database.parent / RESULT_DIR_NAME
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
+    """The pinnable spec of a usable alias, or the refusal Kiln clients expect."""
+    if row is None:
+        raise TeacherNotRegistered(
+            f"teacher alias {alias!r} is not registered",
+            hint="register the teacher first (POST /v1/teachers)",
+        )
+    usable = (
+        row.status == "verified"
+        and row.identity_json is not None
+        and row.identity_digest is not None
+        and row.url is not None
+        and row.model_id is not None
+    )
+    if not usable:
+        raise IdentityRequired(
+            f"teacher alias {alias!r} has no verified, usable identity (status {row.status})",
+            hint="delete the alias and register it again so both probes can run",
+        )
+    assert row.identity_json and row.identity_digest and row.url and row.model_id
+    identity = TeacherIdentity.from_mapping(json.loads(row.identity_json))
+    return PinnedTeacher(
+        alias=row.alias,
+        kind=row.kind,
+        url=row.url,
+        credential_id=row.credential_id,
+        model_id=row.model_id,
+        created_at=row.created_at,
+        identity_json=row.identity_json,
+        identity_digest=identity.digest(),
+    )
+
+
+def _read_pin(sessions: sessionmaker[Session], alias: str) -> PinnedTeacher:
+    with unit_of_work(sessions) as session:
+        return pin_teacher(TeacherRepository(session).get(alias), alias)
+
+
+def _load(config: KilnConfig, sub: JobSubmission, identity: TeacherIdentity) -> LoadedSequences:
+    if not 1 <= sub.top_k <= identity.max_top_k:
+        raise JobInvalid(
+            f"top_k: {sub.top_k} is outside 1..={identity.max_top_k} (the teacher's max_top_k)",
+            rule="job.top_k",
+        )
+    if (sub.sequences is None) == (sub.corpus_path is None):
+        raise JobInvalid("give exactly one of sequences and corpus", rule="job.source")
+    if sub.sequences is not None:
+        return inline_sequences(sub.sequences, identity, sub.top_k)
+    assert sub.corpus_path is not None
+    return corpus_sequences(config.jobs.corpus_root, sub.corpus_path, identity, sub.top_k)
+
+
+def _job_row(
+    job_id: str, pin: PinnedTeacher, sub: JobSubmission, loaded: LoadedSequences
+) -> JobRow:
+    now = utc_timestamp()
+    return JobRow(
+        id=job_id, kind="teacher_scoring", status="queued", teacher_alias=pin.alias,
+        teacher_kind=pin.kind, teacher_url=pin.url, teacher_credential_id=pin.credential_id,
+        teacher_model_id=pin.model_id, teacher_created_at=pin.created_at,
+        identity_json=pin.identity_json, identity_digest=pin.identity_digest, top_k=sub.top_k,
+        source="inline" if loaded.corpus_path is None else "corpus",
+        corpus_path=loaded.corpus_path, corpus_sha256=loaded.corpus_sha256,
+        sequence_count=len(loaded.sequences), token_count=loaded.token_count, device=None,
+        claim_token=None, cancel_requested=0, attempts=0, scored_count=0, cache_hits=0,
+        requests_sent=0, retries=0, created_at=now, updated_at=now,
+    )  # fmt: skip
+
+
+def submit_job(config: KilnConfig, sessions: sessionmaker[Session], sub: JobSubmission) -> JobRow:
+    """Validate and queue a job; return its row (detached from the session)."""
+    pin = _read_pin(sessions, sub.teacher)
+    loaded = _load(config, sub, pin.identity)
+    job_id = "job-" + secrets.token_hex(12)
+    with unit_of_work(sessions) as session:
+        if pin_teacher(TeacherRepository(session).get(sub.teacher), sub.teacher) != pin:
+            raise JobConflict(
+                f"teacher alias {sub.teacher!r} changed while the job was being submitted",
+                hint="submit the job again",
+            )
+        row = _job_row(job_id, pin, sub, loaded)
+        items = [(s.seq_id, s.tokens, s.sha256) for s in loaded.sequences]
+        JobRepository(session).insert(row, items)
+        session.flush()
+        session.expunge(row)
+        return row
+
+
+def get_job(sessions: sessionmaker[Session], job_id: str) -> JobRow:
+    with unit_of_work(sessions) as session:
+        row = JobRepository(session).require(job_id)
+        session.expunge(row)
+        return row
+
+
+def list_jobs(
+    sessions: sessionmaker[Session], *, limit: int = 100, status: str | None = None
+) -> list[JobRow]:
+    with unit_of_work(sessions) as session:
+        rows = JobRepository(session).list_jobs(limit=limit, status=status)
+        session.expunge_all()
+        return rows
+
+
+def cancel_job(sessions: sessionmaker[Session], job_id: str) -> JobRow:
+    with unit_of_work(sessions) as session:
+        row = JobRepository(session).request_cancel(job_id)
+        session.expunge(row)
+        return row
+
+
+def result_file(sessions: sessionmaker[Session], job_id: str) -> tuple[JobRow, Path]:
+    """The published corpus of a succeeded job; ``JobConflict`` otherwise."""
+    row = get_job(sessions, job_id)
+    if row.status != "succeeded" or row.result_path is None:
+        raise JobConflict(
+            f"job {job_id!r} is {row.status}; a result exists only once it has succeeded",
+            hint="follow the job with `kiln jobs show --follow`",
+        )
+    path = Path(row.result_path)
+    if not path.is_file() or path.stat().st_size != row.result_bytes:
+        raise JobConflict(
+            f"the result file of job {job_id!r} is missing or changed on disk",
+            rule="job.result_missing",
+        )
+    return row, path

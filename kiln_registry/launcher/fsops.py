@@ -1,0 +1,278 @@
+"""Descriptor-anchored file operations for snapshot staging and removal.
+
+Owns the low-level steps the staging code composes: ``clone_or_copy`` (FICLONE
+reflink, else a read-hash-write copy through the shared ``ReadRateLimiter``),
+``hash_fd`` (SHA-256 of exactly the first N bytes of an open file, proving
+nothing follows them), ``run_parallel`` (largest job first on a thread pool,
+completion callbacks on the caller's thread, first failure cancels the rest)
+and ``remove_tree_at`` (delete a child through its parent's open descriptor,
+never following links nor crossing into another filesystem, with bounded
+depth and entry count).
+
+Imports: standard library, ``kiln_registry.identity.hashing`` and
+``kiln_registry.errors`` only; no subprocess, sockets or database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kiln_registry.errors import IdentityError, KilnError, LauncherError
+from kiln_registry.identity.hashing import ReadRateLimiter
+
+FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
+CHUNK_BYTES = 1024 * 1024
+MAX_WORKERS = 256
+# errno values meaning "this file system (pair) cannot reflink": fall back to a copy.
+_NO_REFLINK = frozenset(
+    {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS}
+)
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+J = TypeVar("J")
+R = TypeVar("R")
+Progress = Callable[[str, int, int], None]
+
+
+def reporter(progress: Progress | None, phase: str, total: int) -> Callable[[int], None]:
+    """A per-phase byte counter that calls ``progress(phase, done, total)``; reports 0 now."""
+    done = 0
+
+    def report(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(phase, done, total)
+
+    report(0)
+    return report
+
+
+def io_error(exc: OSError, action: str) -> LauncherError:
+    """Translate an ``OSError`` of the launcher's own writes into the error tree."""
+    if exc.errno in _NO_SPACE:
+        return LauncherError(
+            f"no space left while trying to {action}: {exc.strerror}",
+            rule="staging.no_space",
+            hint="free space (bytes and inodes) on the snapshot root's file system",
+        )
+    return LauncherError(f"cannot {action}: {exc.strerror}", rule="staging.io")
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    return os.preadv(fd, [view], offset)
+
+
+def _sequential(fd: int) -> None:
+    """Ask for a larger read-ahead window; purely advisory (a cold reflinked copy gains)."""
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+
+def hash_fd(
+    fd: int,
+    length: int,
+    limiter: ReadRateLimiter,
+    *,
+    shown: str,
+    rule_prefix: str,
+    error: type[KilnError] = IdentityError,
+) -> bytes:
+    """SHA-256 of bytes ``[0, length)`` of ``fd``; refuse a shorter or longer file.
+
+    The rules raised are ``<rule_prefix>_shrunk`` and ``<rule_prefix>_grew``.
+    """
+    _sequential(fd)
+    digest = hashlib.sha256()
+    buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
+    view = memoryview(buffer)
+    offset = 0
+    while offset < length:
+        want = min(len(buffer), length - offset)
+        limiter.acquire(want)
+        got = _read_into(fd, view[:want], offset)
+        if got <= 0:
+            raise error(
+                f"{shown} became shorter while it was read ({offset} of {length} bytes)",
+                rule=f"{rule_prefix}_shrunk",
+            )
+        digest.update(view[:got])
+        offset += got
+    if _read_into(fd, view[:1], length):
+        raise error(f"{shown} grew while it was read", rule=f"{rule_prefix}_grew")
+    return digest.digest()
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+def copy_and_hash(
+    src_fd: int, dst_fd: int, length: int, limiter: ReadRateLimiter, *, shown: str
+) -> bytes:
+    """Copy exactly ``length`` bytes, hashing what was read; refuse growth or shrinkage."""
+    _sequential(src_fd)
+    digest = hashlib.sha256()
+    buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
+    view = memoryview(buffer)
+    offset = 0
+    while offset < length:
+        want = min(len(buffer), length - offset)
+        limiter.acquire(want)
+        got = _read_into(src_fd, view[:want], offset)
+        if got <= 0:
+            raise IdentityError(
+                f"{shown} became shorter while it was copied ({offset} of {length} bytes)",
+                rule="staging.source_shrunk",
+            )
+        digest.update(view[:got])
+        try:
+            _write_all(dst_fd, view[:got])
+        except OSError as exc:
+            raise io_error(exc, f"write the staged copy of {shown}") from None
+        offset += got
+    if _read_into(src_fd, view[:1], length):
+        raise IdentityError(f"{shown} grew while it was copied", rule="staging.source_grew")
+    return digest.digest()
+
+
+def try_reflink(src_fd: int, dst_fd: int, *, shown: str) -> bool:
+    """Clone the whole source into the empty destination; ``False`` where unsupported."""
+    try:
+        fcntl.ioctl(dst_fd, FICLONE, src_fd)
+    except OSError as exc:
+        if exc.errno in _NO_REFLINK:
+            return False
+        raise io_error(exc, f"reflink {shown}") from None
+    return True
+
+
+def worker_count(workers: int | None, jobs: int) -> int:
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise LauncherError(
+            f"workers must be a positive integer, got {workers!r}", rule="staging.workers"
+        )
+    return max(1, min(workers, MAX_WORKERS, jobs))
+
+
+def run_parallel(
+    jobs: Sequence[J],
+    work: Callable[[J], R],
+    *,
+    size: Callable[[J], int],
+    workers: int | None,
+    on_done: Callable[[J, R], None],
+) -> list[R]:
+    """``work`` over ``jobs`` (largest first); results in input order.
+
+    ``on_done`` runs on the calling thread as each job finishes.  The first
+    failure cancels jobs not yet started, waits for the running ones and is
+    raised.
+    """
+    if not jobs:
+        return []
+    order = sorted(range(len(jobs)), key=lambda i: -size(jobs[i]))
+    results: dict[int, R] = {}
+    with ThreadPoolExecutor(worker_count(workers, len(jobs)), "kiln-stage") as executor:
+        pending: dict[Future[R], int] = {executor.submit(work, jobs[i]): i for i in order}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in sorted(done, key=lambda f: pending[f]):
+                    index = pending.pop(future)
+                    results[index] = future.result()
+                    on_done(jobs[index], results[index])
+        finally:
+            for future in pending:
+                future.cancel()
+    return [results[i] for i in range(len(jobs))]
+
+
+@dataclass
+class RemovalBudget:
+    """Bounds on one removal: entries visited and directory depth."""
+
+    max_entries: int = 10_000_000
+    max_depth: int = 512
+    entries: int = 0
+
+
+def _entry_names(fd: int, budget: RemovalBudget, shown: str) -> list[str]:
+    names: list[str] = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if budget.entries + 1 > budget.max_entries:
+                raise LauncherError(
+                    f"{shown} holds more than {budget.max_entries} entries; not removed",
+                    rule="remove.too_many_entries",
+                )
+            budget.entries += 1
+            names.append(entry.name)
+    return names
+
+
+def _clear_directory(fd: int, dev: int, depth: int, budget: RemovalBudget, shown: str) -> None:
+    info = os.fstat(fd)
+    if info.st_dev != dev:
+        raise LauncherError(
+            f"{shown} is on another file system; removal does not cross it",
+            rule="remove.cross_device",
+            hint="unmount what is mounted there, then run `kiln-teacher cleanup` again",
+        )
+    if depth > budget.max_depth:
+        raise LauncherError(f"{shown} is nested too deeply to remove", rule="remove.too_deep")
+    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o700 != 0o700:
+        os.fchmod(fd, 0o700)  # sealed snapshot directories are 0500
+    for name in _entry_names(fd, budget, shown):
+        entry = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISDIR(entry.st_mode):
+            os.unlink(name, dir_fd=fd)  # a link is removed, never followed
+            continue
+        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        try:
+            _clear_directory(child, dev, depth + 1, budget, f"{shown}/{name}")
+        finally:
+            os.close(child)
+        os.rmdir(name, dir_fd=fd)
+
+
+def remove_tree_at(parent_fd: int, name: str, *, dev: int, shown: str) -> bool:
+    """Remove directory ``name`` under ``parent_fd`` and everything in it.
+
+    Never follows a link and never enters a directory whose device differs
+    from ``dev``.  Returns ``False`` when ``name`` does not exist (idempotent).
+    """
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise LauncherError(
+            f"cannot open {shown} for removal: {exc.strerror}", rule="remove.io"
+        ) from None
+    try:
+        _clear_directory(fd, dev, 0, RemovalBudget(), shown)
+    except OSError as exc:
+        raise LauncherError(f"cannot remove {shown}: {exc.strerror}", rule="remove.io") from None
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent_fd)
+        os.fsync(parent_fd)
+    except OSError as exc:
+        raise LauncherError(f"cannot remove {shown}: {exc.strerror}", rule="remove.io") from None
+    return True

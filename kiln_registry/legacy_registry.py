@@ -1,0 +1,332 @@
+"""Import of Kiln's legacy ``teachers.json`` registry, removing ``api_key_env`` unread.
+
+This module owns the file side of the import: the bounded read (a regular
+file, no symlink, at most ``MAX_REGISTRY_BYTES`` checked before reading),
+the strict parse (UTF-8 JSON, no duplicate keys at any level, no NaN), the
+entry rules (an object of objects keyed by alias, known fields only, typed
+and bounded values), and the atomic rewrite without ``api_key_env``.
+
+The one tolerated deviation from the strict format is ``api_key_env``: when
+it is the only thing wrong, the field is removed from every entry without
+its value being looked at, every entry is imported as ``legacy_unverified``
+in one database transaction, and then the file is atomically replaced by a
+copy without the field (temporary file in the same directory, fsync,
+rename, fsync of the directory, same mode and owner).  The temporary file is
+written before the transaction commits and renamed after, so a crash leaves
+the old file or the new one, and the database with none or all entries;
+running again finishes the job.  A second run changes nothing: aliases
+already present are left alone and a file without the field is not
+rewritten.  Anything else is refused with an ``InputError`` and the file is
+left untouched.  A crash can leave a ``.<name>.*.kiln-import.tmp`` file
+beside the registry; it holds the stripped copy (no secret) and may be
+deleted.
+
+Imports: the standard library, SQLAlchemy's session types,
+``kiln_registry.config``, ``kiln_registry.db`` (legacy, models, repository)
+and ``kiln_registry.errors``; never the API, probe or launcher layers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from kiln_registry.config import KilnConfig
+from kiln_registry.db.legacy import (
+    ALIAS_PATTERN,
+    MAX_LEGACY_ROWS,
+    LegacyEntry,
+    insert_legacy_entries,
+)
+from kiln_registry.db.models import TEACHER_KINDS
+from kiln_registry.db.repository import unit_of_work
+from kiln_registry.errors import InputError
+
+log = logging.getLogger("kiln_registry.legacy_registry")
+
+MAX_REGISTRY_BYTES: Final = 64 * 1024 * 1024
+MAX_ENTRIES: Final = MAX_LEGACY_ROWS
+MAX_TEXT_CHARS: Final = 2048
+MAX_NOTES_CHARS: Final = 4096
+MAX_BOUND: Final = 1 << 31
+LEGACY_FIELD: Final = "api_key_env"
+_TEXT_FIELDS: Final = ("provider", "model_id", "url", "credential_id", "adapter", "tokenizer_hash")
+_INT_FIELDS: Final = ("max_top_k", "vocab_size")
+KNOWN_FIELDS: Final = frozenset(
+    {"alias", "kind", "notes", "supports_full_vocab", "identity", *_TEXT_FIELDS, *_INT_FIELDS}
+)
+_TMP_SUFFIX: Final = ".kiln-import.tmp"
+_SHOWN_CHARS: Final = 64
+_MAX_SHOWN_FIELDS: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """What one import did: aliases added, aliases left alone, whether the file was rewritten."""
+
+    path: Path
+    imported: tuple[str, ...]
+    already_present: tuple[str, ...]
+    stripped_entries: int
+    rewritten: bool
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "...")
+
+
+def _refuse(path: Path, message: str, rule: str) -> InputError:
+    return InputError(
+        f"legacy registry {path}: {message}; the file was not changed",
+        rule=rule,
+        hint="fix the file by hand, or remove [server] legacy_registry",
+    )
+
+
+def _read_registry(path: Path) -> tuple[bytes, os.stat_result]:
+    """The file's bytes and its stat: a regular file (not a symlink) of bounded size."""
+    try:
+        # O_NOFOLLOW: a symlink is refused, not followed; O_NONBLOCK: a FIFO cannot hang us.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if path.is_symlink():
+            raise _refuse(path, "is a symbolic link", "legacy.not_regular") from None
+        raise _refuse(path, f"cannot open ({exc.strerror})", "legacy.open") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(path, "is not a regular file", "legacy.not_regular")
+        if info.st_size > MAX_REGISTRY_BYTES:
+            raise _refuse(path, f"is larger than {MAX_REGISTRY_BYTES} bytes", "legacy.size")
+        data = bytearray()
+        while len(data) <= MAX_REGISTRY_BYTES:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_REGISTRY_BYTES:
+        raise _refuse(path, f"grew beyond {MAX_REGISTRY_BYTES} bytes", "legacy.size")
+    return bytes(data), info
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse(path: Path, data: bytes) -> dict[str, Any]:
+    """Strict JSON: UTF-8, duplicate keys refused at every level, an object at the top."""
+    try:
+        doc = json.loads(
+            data.decode("utf-8"), object_pairs_hook=_unique_pairs, parse_constant=_no_constants
+        )
+    except UnicodeDecodeError as exc:
+        raise _refuse(path, f"is not UTF-8 (byte {exc.start})", "legacy.encoding") from None
+    except _DuplicateKey as exc:
+        raise _refuse(
+            path,
+            f"key {_shown(exc.key)} appears twice in one object (a duplicate alias or field)",
+            "legacy.duplicate_key",
+        ) from None
+    except RecursionError:
+        raise _refuse(path, "is nested too deeply", "legacy.json") from None
+    except ValueError as exc:  # JSONDecodeError: message and position, never the document
+        raise _refuse(path, f"is not valid JSON ({exc})", "legacy.json") from None
+    if not isinstance(doc, dict):
+        raise _refuse(path, "is not a JSON object of teacher entries", "legacy.not_object")
+    return doc
+
+
+def _text(entry: Mapping[str, Any], field: str, limit: int) -> str | None:
+    value = entry.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise ValueError(f"field {field!r} must be null or a non-blank string of <= {limit} chars")
+    allowed = "\t\n" if field == "notes" else ""
+    if any((ord(ch) < 0x20 or ord(ch) == 0x7F) and ch not in allowed for ch in value):
+        raise ValueError(f"field {field!r} contains a control character")
+    return value
+
+
+def _check_scalars(entry: Mapping[str, Any]) -> None:
+    for field in _INT_FIELDS:
+        value = entry.get(field)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_BOUND
+        ):
+            raise ValueError(f"field {field!r} must be null or an integer from 1 to {MAX_BOUND}")
+    if not isinstance(entry.get("supports_full_vocab", False), bool | None):
+        raise ValueError("field 'supports_full_vocab' must be null or a boolean")
+    if not isinstance(entry.get("identity"), dict | None):
+        raise ValueError("field 'identity' must be null or an object")
+
+
+def _entry(alias: str, entry: Mapping[str, Any]) -> LegacyEntry:
+    """Check one entry strictly, ``api_key_env`` aside (its value is never looked at)."""
+    unknown = sorted(set(entry) - KNOWN_FIELDS - {LEGACY_FIELD})
+    if unknown:
+        names = ", ".join(_shown(name) for name in unknown[:_MAX_SHOWN_FIELDS])
+        raise ValueError(f"unknown field(s) {names}")
+    if entry.get("alias") != alias:
+        raise ValueError("field 'alias' must repeat the entry's key")
+    kind = entry.get("kind")
+    if not isinstance(kind, str) or kind not in TEACHER_KINDS:
+        raise ValueError(f"field 'kind' must be one of {', '.join(TEACHER_KINDS)}")
+    _check_scalars(entry)
+    texts = {field: _text(entry, field, MAX_TEXT_CHARS) for field in _TEXT_FIELDS}
+    return LegacyEntry(
+        alias=alias,
+        kind=kind,
+        provider=texts["provider"],
+        model_id=texts["model_id"],
+        url=texts["url"],
+        credential_id=texts["credential_id"],
+        notes=_text(entry, "notes", MAX_NOTES_CHARS),
+        adapter=texts["adapter"],
+    )
+
+
+def _entries(path: Path, doc: Mapping[str, Any]) -> tuple[list[LegacyEntry], int]:
+    """Every entry checked; and how many of them carry ``api_key_env``."""
+    if len(doc) > MAX_ENTRIES:
+        raise _refuse(path, f"has more than {MAX_ENTRIES} entries", "legacy.too_many")
+    entries: list[LegacyEntry] = []
+    carrying = 0
+    for alias, entry in doc.items():
+        if not ALIAS_PATTERN.fullmatch(alias):
+            raise _refuse(
+                path,
+                f"alias {_shown(alias)} is not 1..128 characters of [A-Za-z0-9._@:+=-]",
+                "legacy.alias",
+            )
+        if not isinstance(entry, dict):
+            raise _refuse(path, f"entry {alias!r} is not an object", "legacy.not_object")
+        try:
+            entries.append(_entry(alias, entry))
+        except ValueError as exc:
+            raise _refuse(path, f"entry {alias!r}: {exc}", "legacy.entry") from None
+        carrying += LEGACY_FIELD in entry
+    return entries, carrying
+
+
+def _stripped_bytes(doc: Mapping[str, Any]) -> bytes:
+    """The registry without ``api_key_env``; other fields keep their order."""
+    clean = {
+        alias: {key: value for key, value in entry.items() if key != LEGACY_FIELD}
+        for alias, entry in doc.items()
+    }
+    text = json.dumps(clean, indent=2, ensure_ascii=False, allow_nan=False)
+    return (text + "\n").encode("utf-8")
+
+
+def _write_temp(path: Path, data: bytes, original: os.stat_result) -> Path:
+    """Write and fsync ``data`` to a new file beside ``path`` with ``path``'s mode and owner."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP_SUFFIX, dir=path.parent)
+    tmp = Path(name)
+    try:
+        try:
+            if (original.st_uid, original.st_gid) != (os.geteuid(), os.getegid()):
+                os.fchown(fd, original.st_uid, original.st_gid)
+            os.fchmod(fd, stat.S_IMODE(original.st_mode))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _refuse(
+            path, f"cannot write the rewritten copy ({exc.strerror})", "legacy.rewrite"
+        ) from None
+    return tmp
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (
+        b.st_dev,
+        b.st_ino,
+        b.st_size,
+        b.st_mtime_ns,
+    )
+
+
+def _replace(path: Path, tmp: Path, original: os.stat_result) -> None:
+    """Rename ``tmp`` over ``path`` unless ``path`` changed since it was read; fsync the dir."""
+    try:
+        current = os.lstat(path)
+    except OSError:
+        current = None
+    if current is None or not _same_file(current, original):
+        raise _refuse(path, "changed while it was being imported; run again", "legacy.changed")
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def import_legacy_registry(path: Path, sessions: sessionmaker[Session]) -> ImportResult:
+    """Import ``path`` into the registry database (see the module docstring)."""
+    data, original = _read_registry(path)
+    doc = _parse(path, data)
+    entries, carrying = _entries(path, doc)
+    tmp = _write_temp(path, _stripped_bytes(doc), original) if carrying else None
+    try:
+        with unit_of_work(sessions) as session:
+            imported, present = insert_legacy_entries(session, entries)
+        if tmp is not None:
+            _replace(path, tmp, original)
+            tmp = None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    result = ImportResult(path, tuple(imported), tuple(present), carrying, carrying > 0)
+    log.info(
+        "legacy registry %s: imported %d teacher(s) as legacy_unverified, %d already present;"
+        " api_key_env removed from %d entr%s%s",
+        path,
+        len(imported),
+        len(present),
+        carrying,
+        "y" if carrying == 1 else "ies",
+        " and the file rewritten" if carrying else "",
+    )
+    return result
+
+
+def import_configured_legacy_registry(
+    config: KilnConfig, sessions: sessionmaker[Session]
+) -> ImportResult | None:
+    """Run the import for ``[server] legacy_registry`` when it is set (server start-up)."""
+    path = config.server.legacy_registry
+    if path is None:
+        return None
+    return import_legacy_registry(path, sessions)

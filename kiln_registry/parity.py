@@ -1,0 +1,496 @@
+"""``kiln teachers parity``: compare two teachers' prompt_logprobs on the same prompts.
+
+Owns the parity run: each teacher is probed first (``probe_teacher``: K=1
+discovery, K=max_top_k, the cap probe), which proves its Kiln identity; the
+two identities must share ``tokenizer_vocab_sha256`` and ``vocab_size`` or the
+run is refused.  Then the same deterministic numeric prompts are scored on
+both with ``score_prompt`` (every response verified against its teacher's
+identity) and graded ``identical`` (ids, ranks and float32 logprobs equal),
+``within_tolerance`` (no row differs by more than ``atol``) or ``mismatch``
+(with the first diverging position).
+
+Positions are vLLM's ``prompt_logprobs`` indices: position ``p`` scores prompt
+token ``p`` given tokens ``0..p-1``.  ``first`` is position 1, ``final`` the
+last position of the longest prompt both teachers accept, ``interior`` every
+position in between.
+
+A row's difference is a lower bound that ties cannot inflate: a token in both
+top-K lists contributes ``|lp_a - lp_b|``; a token in only one list
+contributes how far its logprob is above the other teacher's K-th logprob
+(zero for a boundary tie); the prompt token itself contributes
+``|lp_a - lp_b|``.
+
+Secrets: API keys are read from the named variables just before each request
+(``SecretHandle``) and never stored or reported.  Imports httpx, numpy,
+``kiln_registry.probe``, ``credentials`` and ``identity``; never the API,
+database or launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import ssl
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from kiln_registry.credentials.origin import parse_teacher_url
+from kiln_registry.credentials.secrets import SecretHandle
+from kiln_registry.errors import InputError, KilnError, ProbeFailed
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.probe.client import ProbeLimiter, probe_teacher, score_prompt
+from kiln_registry.probe.verify import RowsCheck
+
+REPORT_SCHEMA = "kiln.teacher-parity-report.v1"
+POSITION_CLASSES: tuple[str, ...] = ("first", "interior", "final")
+SHORT_PROMPT_LEN = 64
+MAX_PROMPTS = 16
+MODELS_BODY_LIMIT = 1024 * 1024
+DEFAULT_TOP_K = 20
+SHOWN_IDS = 5
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class ParityTarget:
+    """One teacher: its URL, optional served model id and optional key variable name."""
+
+    url: str
+    model_id: str | None = None
+    api_key_env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParityOptions:
+    positions: tuple[str, ...] = POSITION_CLASSES
+    top_k: int | None = None
+    prompts: int = 2
+    max_prompt_len: int | None = None
+    atol: float = 1e-3
+    timeout_s: float = 60.0
+    ca_file: Path | None = None
+
+    def check(self) -> None:
+        bad = [p for p in self.positions if p not in POSITION_CLASSES]
+        if bad or not self.positions:
+            raise InputError(
+                f"--positions must be a comma list of {', '.join(POSITION_CLASSES)}",
+                rule="parity.positions",
+            )
+        if not 1 <= self.prompts <= MAX_PROMPTS:
+            raise InputError(f"--prompts must be in 1..={MAX_PROMPTS}", rule="parity.prompts")
+        if not (0.0 <= self.atol < 100.0):
+            raise InputError("--atol must be in [0, 100)", rule="parity.atol")
+        if self.max_prompt_len is not None and self.max_prompt_len < 2:
+            raise InputError("--max-prompt-len must be at least 2", rule="parity.prompt_len")
+
+
+@dataclass(frozen=True, slots=True)
+class _Teacher:
+    completions_url: str
+    model_id: str
+    secret: SecretHandle | None
+    identity: TeacherIdentity
+
+
+def parity_prompts(count: int, length: int, vocab_size: int) -> list[tuple[int, ...]]:
+    """``count`` deterministic prompts of ``length`` ids (splitmix64 over prompt and index).
+
+    Ids stay below 7/8 of ``vocab_size``: a padded model width can exceed the
+    tokenizer, and vLLM refuses ids the tokenizer does not know.
+    """
+    span = max(1, vocab_size * 7 // 8)
+    mask = (1 << 64) - 1
+    prompts = []
+    for p in range(count):
+        state = (0x9E3779B97F4A7C15 * (p + 1)) & mask
+        ids = []
+        for _ in range(length):
+            state = (state + 0x9E3779B97F4A7C15) & mask
+            z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+            ids.append((z ^ (z >> 31)) % span)
+        prompts.append(tuple(ids))
+    return prompts
+
+
+def check_comparable(a: TeacherIdentity, b: TeacherIdentity) -> None:
+    """Refuse two teachers whose numeric vocabularies differ (their ids mean different things)."""
+    if a.tokenizer_vocab_sha256 != b.tokenizer_vocab_sha256:
+        raise InputError(
+            f"teacher A tokenizer_vocab_sha256 {a.tokenizer_vocab_sha256} differs from teacher"
+            f" B's {b.tokenizer_vocab_sha256}: token ids are not comparable",
+            rule="parity.vocab",
+        )
+    if a.vocab_size != b.vocab_size:
+        raise InputError(
+            f"teacher A vocab_size {a.vocab_size} differs from teacher B's {b.vocab_size}",
+            rule="parity.vocab_size",
+        )
+
+
+def choose_top_k(a: TeacherIdentity, b: TeacherIdentity, requested: int | None) -> int:
+    ceiling = min(a.max_top_k, b.max_top_k)
+    if requested is None:
+        return min(ceiling, DEFAULT_TOP_K)
+    if not 1 <= requested <= ceiling:
+        raise InputError(
+            f"--top-k {requested} is outside 1..={ceiling} (the smaller max_top_k)",
+            rule="parity.top_k",
+        )
+    return requested
+
+
+def choose_prompt_len(
+    a: TeacherIdentity, b: TeacherIdentity, k: int, options: ParityOptions
+) -> tuple[int, bool]:
+    """(prompt length, whether it reaches the longest prompt both teachers accept)."""
+    width = min(k + 1, a.vocab_size)
+    budget = min(a.max_prompt_logprob_candidates, b.max_prompt_logprob_candidates)
+    longest = min(a.max_model_len - 1, b.max_model_len - 1, budget // width + 1)
+    length = longest
+    if "final" not in options.positions:
+        length = min(length, SHORT_PROMPT_LEN)
+    if options.max_prompt_len is not None:
+        length = min(length, options.max_prompt_len)
+    needed = 4 if "interior" in options.positions else 2
+    if length < needed:
+        raise InputError(
+            f"the teachers accept prompts of at most {longest} tokens; the requested positions"
+            f" need {needed}",
+            rule="parity.prompt_len",
+        )
+    return length, length == longest
+
+
+def _cross(
+    ids: npt.NDArray[np.int32], lps: FloatArray, o_ids: npt.NDArray[np.int32], o_lps: FloatArray
+) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+    """Per top-K entry of one side: its difference lower bound and whether the other lists it."""
+    rows, k = ids.shape
+    base = np.arange(rows, dtype=np.int64)[:, None] << 32
+    keys = (base + ids).ravel()
+    o_keys = (base + o_ids).ravel()
+    order = np.argsort(o_keys, kind="stable")
+    sorted_keys = o_keys[order]
+    at = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    found = sorted_keys[at] == keys
+    matched = o_lps.ravel()[order][at]
+    kth = np.repeat(o_lps[:, k - 1], k)
+    diff = np.where(found, np.abs(lps.ravel() - matched), np.maximum(0.0, lps.ravel() - kth))
+    return diff.reshape(rows, k), found.reshape(rows, k)
+
+
+@dataclass(frozen=True, slots=True)
+class RowComparison:
+    """Per-row results of one prompt (row r is position r + 1)."""
+
+    max_diff: FloatArray
+    overlap: FloatArray
+    identical: npt.NDArray[np.bool_]
+
+
+def compare_rows(a: RowsCheck, b: RowsCheck) -> RowComparison:
+    """Compare two verified responses to the same prompt and K."""
+    a_lps = a.topk_logprobs.astype(np.float64)
+    b_lps = b.topk_logprobs.astype(np.float64)
+    diff_a, found = _cross(a.topk_ids, a_lps, b.topk_ids, b_lps)
+    diff_b, _ = _cross(b.topk_ids, b_lps, a.topk_ids, a_lps)
+    actual = np.abs(a.actual_logprobs.astype(np.float64) - b.actual_logprobs.astype(np.float64))
+    max_diff = np.maximum(np.maximum(diff_a.max(axis=1), diff_b.max(axis=1)), actual)
+    identical = (
+        np.all(a.topk_ids == b.topk_ids, axis=1)
+        & np.all(a.topk_logprobs == b.topk_logprobs, axis=1)
+        & (a.actual_logprobs == b.actual_logprobs)
+        & (a.actual_ranks == b.actual_ranks)
+    )
+    return RowComparison(max_diff, found.mean(axis=1), identical)
+
+
+def position_class(position: int, prompt_len: int) -> str:
+    if position == 1:
+        return "first"
+    return "final" if position == prompt_len - 1 else "interior"
+
+
+def _classes(rows: int, prompt_len: int) -> npt.NDArray[np.int64]:
+    """Index into POSITION_CLASSES of each row (row r is position r + 1)."""
+    positions = np.arange(1, rows + 1)
+    return np.where(positions == 1, 0, np.where(positions == prompt_len - 1, 2, 1))
+
+
+@dataclass(slots=True)
+class _ClassStats:
+    rows: int = 0
+    identical_rows: int = 0
+    max_abs_diff: float = 0.0
+    min_topk_overlap: float = 1.0
+    overlap_sum: float = 0.0
+
+    def add(self, cmp: RowComparison, mask: npt.NDArray[np.bool_]) -> None:
+        if not mask.any():
+            return
+        self.rows += int(mask.sum())
+        self.identical_rows += int(cmp.identical[mask].sum())
+        self.max_abs_diff = max(self.max_abs_diff, float(cmp.max_diff[mask].max()))
+        self.min_topk_overlap = min(self.min_topk_overlap, float(cmp.overlap[mask].min()))
+        self.overlap_sum += float(cmp.overlap[mask].sum())
+
+    def public(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "overlap_sum"}
+
+
+def _first_row(
+    a: RowsCheck, b: RowsCheck, cmp: RowComparison, prompt: int, mask: npt.NDArray[np.bool_]
+) -> dict[str, Any] | None:
+    """The first row of ``mask``, described for the report; None when the mask is empty."""
+    hits = np.flatnonzero(mask)
+    if not hits.size:
+        return None
+    row = int(hits[0])
+    return {
+        "prompt": prompt,
+        "position": row + 1,
+        "class": position_class(row + 1, a.prompt_len),
+        "token_id": int(a.actual_ids[row]),
+        "max_abs_diff": float(cmp.max_diff[row]),
+        "topk_overlap": float(cmp.overlap[row]),
+        "a_top_ids": [int(x) for x in a.topk_ids[row, :SHOWN_IDS]],
+        "b_top_ids": [int(x) for x in b.topk_ids[row, :SHOWN_IDS]],
+        "a_logprob": float(a.actual_logprobs[row]),
+        "b_logprob": float(b.actual_logprobs[row]),
+    }
+
+
+def _earliest(found: dict[str, Any] | None, other: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The lower position (then the lower prompt index) of two row descriptions."""
+    if found is None or other is None:
+        return found or other
+    return min(found, other, key=lambda d: (d["position"], d["prompt"]))
+
+
+class Grader:
+    """Accumulates the comparison of each prompt (kept small: no rows are retained)."""
+
+    def __init__(self, positions: Sequence[str], atol: float) -> None:
+        self.atol = atol
+        self.stats = {c: _ClassStats() for c in positions}
+        self.wanted = [POSITION_CLASSES.index(c) for c in positions]
+        self.first_difference: dict[str, Any] | None = None
+        self.first_divergence: dict[str, Any] | None = None
+
+    def add(self, index: int, a: RowsCheck, b: RowsCheck) -> None:
+        cmp = compare_rows(a, b)
+        classes = _classes(a.row_count, a.prompt_len)
+        for name, s in self.stats.items():
+            s.add(cmp, classes == POSITION_CLASSES.index(name))
+        chosen = np.isin(classes, self.wanted)
+        differs = _first_row(a, b, cmp, index, chosen & ~cmp.identical)
+        self.first_difference = _earliest(self.first_difference, differs)
+        diverges = _first_row(a, b, cmp, index, chosen & (cmp.max_diff > self.atol))
+        self.first_divergence = _earliest(self.first_divergence, diverges)
+
+    def result(self) -> dict[str, Any]:
+        stats = self.stats.values()
+        rows = sum(s.rows for s in stats)
+        identical = sum(s.identical_rows for s in stats)
+        verdict = "mismatch" if self.first_divergence else "within_tolerance"
+        return {
+            "grade": "identical" if identical == rows else verdict,
+            "compared_rows": rows,
+            "identical_rows": identical,
+            "max_abs_diff": max(s.max_abs_diff for s in stats),
+            "min_topk_overlap": min(s.min_topk_overlap for s in stats),
+            "mean_topk_overlap": sum(s.overlap_sum for s in stats) / max(rows, 1),
+            "by_position": {name: s.public() for name, s in self.stats.items()},
+            "first_difference": self.first_difference,
+            "first_divergence": self.first_divergence,
+        }
+
+
+def grade(
+    pairs: Sequence[tuple[RowsCheck, RowsCheck]], positions: Sequence[str], atol: float
+) -> dict[str, Any]:
+    """The graded part of the report for the rows whose position class was asked for."""
+    grader = Grader(positions, atol)
+    for index, (a, b) in enumerate(pairs):
+        grader.add(index, a, b)
+    return grader.result()
+
+
+async def _discover_model_id(
+    http: httpx.AsyncClient, completions_url: str, secret: SecretHandle | None, timeout_s: float
+) -> str:
+    """The one model a teacher lists at ``/v1/models`` (bounded read, no redirects)."""
+    url = completions_url.removesuffix("/completions") + "/models"
+    headers = {"accept": "application/json", "accept-encoding": "identity"}
+    if secret is not None:
+        headers["authorization"] = "Bearer " + secret.read()
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with http.stream("GET", url, headers=headers, follow_redirects=False) as resp:
+                async for chunk in resp.aiter_raw():
+                    if len(body) + len(chunk) > MODELS_BODY_LIMIT:
+                        raise ProbeFailed("/v1/models body is too large", rule="parity.models")
+                    body += chunk
+                status = resp.status_code
+    except (TimeoutError, httpx.HTTPError) as exc:
+        raise ProbeFailed(
+            f"GET /v1/models failed ({type(exc).__name__})", rule="parity.models"
+        ) from exc
+    if status in (401, 403):
+        raise ProbeFailed(
+            f"GET /v1/models answered HTTP {status}",
+            rule="parity.unauthorized",
+            hint="name the variable holding the teacher's key with --api-key-env-a/-b",
+        )
+    try:
+        data = json.loads(body) if status == 200 else None
+        ids = [m["id"] for m in data["data"]] if isinstance(data, dict) else []
+    except (ValueError, KeyError, TypeError):
+        ids = []
+    if len(ids) != 1 or not isinstance(ids[0], str):
+        raise ProbeFailed(
+            f"GET /v1/models (HTTP {status}) does not list exactly one model",
+            rule="parity.models",
+            hint="name the served model with --model-id-a / --model-id-b",
+        )
+    return ids[0]
+
+
+async def _open_teacher(
+    http: httpx.AsyncClient, side: str, target: ParityTarget, options: ParityOptions
+) -> _Teacher:
+    endpoint = parse_teacher_url(target.url)
+    secret = None
+    if target.api_key_env is not None:
+        secret = SecretHandle(credential_id=f"parity-{side}", env_name=target.api_key_env)
+        secret.check()
+    model_id = target.model_id or await _discover_model_id(
+        http, endpoint.completions_url, secret, options.timeout_s
+    )
+    report = await probe_teacher(
+        http,
+        completions_url=endpoint.completions_url,
+        model_id=model_id,
+        student=None,
+        pinned=None,
+        secret=secret,
+        timeout_s=options.timeout_s,
+        limiter=ProbeLimiter(1),
+    )
+    assert report.fingerprint is not None  # a passed report always carries it
+    identity = verify_fingerprint(report.fingerprint)
+    return _Teacher(endpoint.completions_url, model_id, secret, identity)
+
+
+async def _sided(side: str, coro: Any) -> Any:
+    """Await ``coro``; a KilnError is re-raised naming the teacher it came from."""
+    try:
+        return await coro
+    except KilnError as exc:
+        try:
+            named = type(exc)(f"teacher {side}: {exc.message}", rule=exc.rule, hint=exc.hint)
+        except TypeError:  # a subclass with its own constructor: keep it as it is
+            raise exc from None
+        raise named from exc
+
+
+async def _score(
+    http: httpx.AsyncClient, t: _Teacher, prompt: Sequence[int], k: int, timeout_s: float
+) -> RowsCheck:
+    scored = await score_prompt(
+        http,
+        completions_url=t.completions_url,
+        model_id=t.model_id,
+        prompt=prompt,
+        k=k,
+        identity=t.identity,
+        secret=t.secret,
+        timeout_s=timeout_s,
+    )
+    return scored.check
+
+
+def _teacher_summary(t: _Teacher) -> dict[str, Any]:
+    i = t.identity
+    return {
+        "url": t.completions_url,
+        "model_id": t.model_id,
+        "identity_revision": i.revision(),
+        "implementation": i.implementation,
+        "base_model_sha256": i.base_model_sha256,
+        "inference_config_sha256": i.inference_config_sha256,
+        "max_top_k": i.max_top_k,
+        "max_model_len": i.max_model_len,
+    }
+
+
+async def run_parity(
+    http: httpx.AsyncClient, a: ParityTarget, b: ParityTarget, options: ParityOptions
+) -> dict[str, Any]:
+    """Probe both teachers, score the same prompts on both, and grade them."""
+    options.check()
+    started = time.perf_counter()
+    ta = await _sided("A", _open_teacher(http, "A", a, options))
+    tb = await _sided("B", _open_teacher(http, "B", b, options))
+    check_comparable(ta.identity, tb.identity)
+    k = choose_top_k(ta.identity, tb.identity, options.top_k)
+    length, reaches_limit = choose_prompt_len(ta.identity, tb.identity, k, options)
+    grader = Grader(options.positions, options.atol)
+    for index, prompt in enumerate(parity_prompts(options.prompts, length, ta.identity.vocab_size)):
+        rows_a, rows_b = await asyncio.gather(
+            _sided("A", _score(http, ta, prompt, k, options.timeout_s)),
+            _sided("B", _score(http, tb, prompt, k, options.timeout_s)),
+        )
+        grader.add(index, rows_a, rows_b)
+    graded = grader.result()
+    return {
+        "schema": REPORT_SCHEMA,
+        "grade": graded.pop("grade"),
+        "teachers": {"a": _teacher_summary(ta), "b": _teacher_summary(tb)},
+        "same_identity": ta.identity.fingerprint() == tb.identity.fingerprint(),
+        "k": k,
+        "prompt_count": options.prompts,
+        "prompt_len": length,
+        "final_is_longest_accepted": reaches_limit,
+        "positions": list(options.positions),
+        "atol": options.atol,
+        **graded,
+        "elapsed_ms": round((time.perf_counter() - started) * 1000.0, 3),
+    }
+
+
+def _verify(ca_file: Path | None) -> ssl.SSLContext | bool:
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise InputError(
+            f"--ca-file {ca_file} is not a readable PEM CA bundle ({type(exc).__name__})",
+            rule="parity.ca_file",
+        ) from None
+
+
+def parity(a: ParityTarget, b: ParityTarget, options: ParityOptions) -> dict[str, Any]:
+    """Synchronous entry point: its own httpx client (no env proxies, no redirects)."""
+
+    async def main() -> dict[str, Any]:
+        async with httpx.AsyncClient(
+            trust_env=False, follow_redirects=False, verify=_verify(options.ca_file)
+        ) as http:
+            return await run_parity(http, a, b, options)
+
+    return asyncio.run(main())

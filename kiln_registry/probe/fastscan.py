@@ -1,0 +1,534 @@
+"""The fast validation path for vLLM's compact prompt-logprobs bodies.
+
+Owns ``parse_completion_fast``: the same contract as ``parse.parse_completion``
+(same arguments, same ``ParsedCompletion``, same refusals), checked with
+vectorized numpy over the raw bytes when the rows array has the exact layout
+vLLM and the reference teacher emit::
+
+    [null,{"<id>":{"logprob":<number>,"rank":<int>,"decoded_token":"<string>"},...},...]
+
+(no white space, keys in that order, nothing else in a candidate).  Anything
+else -- another key order, white space, an unknown candidate key, a null row,
+an exponent the vectorized conversion cannot prove exact, any rule failure --
+makes the fast path defer to the strict parser, which then accepts or refuses
+with its own rule and message.  So the fast path never refuses on its own and
+accepts only bodies the strict parser accepts with identical columns:
+
+- every byte of the array is covered: candidates tile it contiguously, their
+  ten unescaped quotes bound fixed templates, digit runs, a JSON number, and a
+  decoded-token string whose escapes, control bytes and UTF-8 are checked;
+- the envelope (everything but the array) is parsed by ``strict_loads`` with
+  the array replaced by a unique float literal, which must come back as
+  ``choices[0].prompt_logprobs``, so the cut is exactly that value;
+- logprobs are converted exactly: Clinger's fast path (mantissa < 2**53,
+  division by an exact power of ten), an integer proof that the decimal rounds
+  to the float32 candidate otherwise, and Python's ``float`` for the rest.
+
+Work is done in chunks of about ``CHUNK_BYTES`` so temporaries stay small; no
+Python object is made per candidate on the common path.  Imports numpy, the
+standard library, ``kiln_registry.errors`` and ``probe.parse``; no sockets,
+httpx or database.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import re
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
+from kiln_registry.errors import ProbeFailed
+from kiln_registry.probe.parse import (
+    MAX_VOCAB_SIZE,
+    ParsedCompletion,
+    PromptLogprobColumns,
+    completion_from_tree,
+    parse_completion,
+    response_body_limit,
+    strict_loads,
+)
+
+CHUNK_BYTES = 1 << 22
+_ARRAY_KEY = b'"prompt_logprobs":['
+_CUT_TEXT = "-0.0e-7777777"
+_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+Bytes = npt.NDArray[np.uint8]
+
+_ZEROS = np.uint64(0x3030303030303030)
+_SIXES = np.uint64(0x0606060606060606)
+_KEEP = np.array([0] + [(1 << 64) - (1 << (8 * (8 - n))) for n in range(1, 9)], dtype=np.uint64)
+_LANE_DIGITS = np.array([16, 8, 0, 0], dtype=np.int64)
+_POW10 = np.array([10**n for n in range(20)], dtype=np.uint64)
+_POW10_F = np.array([10.0**n for n in range(23)], dtype=np.float64)
+_POW5 = np.array([5**n for n in range(18)], dtype=np.uint64)
+_ESCAPABLE = np.zeros(256, dtype=bool)
+_ESCAPABLE[list(b'"\\/bfnrtu')] = True
+_HEX = np.zeros(256, dtype=bool)
+_HEX[list(b"0123456789abcdefABCDEF")] = True
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def _lanes(template: bytes) -> U64:
+    """``template`` as little-endian 8-byte lanes, the last zero-padded, then its mask."""
+    padded = template.ljust(-(-len(template) // 8) * 8, b"\0")
+    mask = (1 << (8 * (len(template) % 8 or 8))) - 1
+    return np.append(np.frombuffer(padded, dtype="<u8"), np.uint64(mask))
+
+
+_T1 = _lanes(b'":{"logprob":')
+_T2 = _lanes(b',"rank":')[0]
+_T3 = _lanes(b',"decoded_token":"')
+
+
+class _Defer(Exception):
+    """The body leaves the fast layout or breaks a rule: the strict parser decides."""
+
+
+class _Cut:
+    """The value standing in for the rows array while the envelope is parsed."""
+
+
+_CUT = _Cut()
+
+
+def parse_completion_fast(
+    body: bytes, *, expected_prompt_len: int, k: int, vocab_size: int, max_candidates: int
+) -> ParsedCompletion:
+    """``parse.parse_completion``, on the fast path where the layout allows it."""
+    args = {
+        "expected_prompt_len": expected_prompt_len,
+        "k": k,
+        "vocab_size": vocab_size,
+        "max_candidates": max_candidates,
+    }
+    try:
+        return scan_completion(body, **args)
+    except _Defer:
+        return parse_completion(body, **args)
+
+
+def scan_completion(
+    body: bytes, *, expected_prompt_len: int, k: int, vocab_size: int, max_candidates: int
+) -> ParsedCompletion:
+    """The fast path alone; raises ``_Defer`` wherever the strict parser must decide."""
+    if len(body) > response_body_limit(expected_prompt_len, k):
+        raise _Defer
+    key_at = body.find(_ARRAY_KEY)
+    if key_at < 0:
+        raise _Defer
+    start = key_at + len(_ARRAY_KEY) - 1
+    limits = _Limits(min(vocab_size, MAX_VOCAB_SIZE), k, expected_prompt_len - 1, max_candidates)
+    columns, end = _scan_array(body, start, limits)
+    envelope = body[:start] + _CUT_TEXT.encode() + body[end:]
+    if envelope.count(_CUT_TEXT.encode()) != 1:
+        raise _Defer
+    try:
+        top = strict_loads(envelope, parse_float=_cut_float)
+        return completion_from_tree(top, lambda entries: _rows_at_cut(entries, columns))
+    except ProbeFailed as exc:
+        raise _Defer from exc
+
+
+def _cut_float(text: str) -> object:
+    return _CUT if text == _CUT_TEXT else float(text)
+
+
+def _rows_at_cut(entries: object, columns: PromptLogprobColumns) -> PromptLogprobColumns:
+    if entries is not _CUT:
+        raise _Defer
+    return columns
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    vocab: int
+    k: int
+    rows: int
+    max_candidates: int
+
+
+@dataclass(slots=True)
+class _Out:
+    """Per-chunk results, joined once at the end."""
+
+    ids: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    logprobs: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    ranks: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    row_starts: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+    count: int = 0
+    new_row: bool = True
+
+
+def _scan_array(body: bytes, start: int, limits: _Limits) -> tuple[PromptLogprobColumns, int]:
+    """Validate the rows array opening at ``start``; return its columns and end."""
+    head = body[start : start + 8]
+    if head[:6] == b"[null]":
+        return _columns(_Out(), limits), start + 6
+    if head != b'[null,{"':
+        raise _Defer
+    arr = np.frombuffer(body, dtype=np.uint8)
+    out = _Out()
+    pos, end = start + 7, 0
+    while not end:
+        pos, end = _scan_chunk(body, arr, pos, out, limits)
+    return _columns(out, limits), end
+
+
+def _quotes(arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
+    """Unescaped quote positions in ``[pos, stop)`` and the escaping backslashes."""
+    region = arr[pos:stop]
+    quotes = np.flatnonzero(region == 0x22)
+    slashes = np.flatnonzero(region == 0x5C)
+    if not slashes.size:
+        return quotes + pos, slashes
+    first = np.ones(slashes.size, dtype=bool)
+    first[1:] = np.diff(slashes) != 1
+    index = np.arange(slashes.size)
+    run_start = np.maximum.accumulate(np.where(first, index, 0))
+    escaping = slashes[((index - run_start) & 1) == 0]
+    targets = escaping[escaping + 1 < region.size] + 1
+    escaped = targets[region[targets] == 0x22]
+    if escaped.size:
+        keep = np.ones(quotes.size, dtype=bool)
+        keep[np.searchsorted(quotes, escaped)] = False
+        quotes = quotes[keep]
+    return quotes + pos, escaping + pos
+
+
+def _scan_chunk(
+    body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits
+) -> tuple[int, int]:
+    """Validate the complete candidates from ``pos``; return (next pos, array end or 0)."""
+    size = CHUNK_BYTES
+    while True:
+        stop = min(pos + size, arr.size)
+        quotes, escapes = _quotes(arr, pos, stop)
+        groups = quotes.size // 10
+        if groups or stop == arr.size:
+            break
+        size *= 2
+    if not groups or quotes[0] != pos:
+        raise _Defer
+    q = quotes[: groups * 10].reshape(groups, 10)
+    count, nxt, new_row, end = _gaps(arr, q[:, 9])
+    q = q[:count]
+    if np.any(q[1:, 0] != nxt[: count - 1]):
+        raise _Defer
+    out.count += count
+    if out.count > limits.max_candidates:
+        raise _Defer
+    head, number, tail = _windows(arr, q)
+    _check_text(body, arr, pos, int(q[-1, 9]) + 1, escapes, q)
+    out.ids.append(_small_ints(head, q[:, 1] - q[:, 0] - 1, 0, limits.vocab - 1))
+    out.ranks.append(_small_ints(tail, q[:, 6] - q[:, 4] - 8, 1, limits.vocab))
+    out.logprobs.append(_logprobs(body, number, q[:, 1] + 13, q[:, 4] - 1))
+    starts = np.empty(count, dtype=bool)
+    starts[0], starts[1:] = out.new_row, new_row[: count - 1]
+    out.row_starts.append(starts)
+    out.new_row = bool(new_row[count - 1])
+    return int(nxt[count - 1]), end
+
+
+def _window(arr: Bytes, starts: I64, width: int) -> Bytes:
+    """``arr[s : s + width]`` for every ``s``, as one C-contiguous ``(len(starts), width)``."""
+    if starts.min() < 0 or starts.max() > arr.size - width:
+        raise _Defer
+    return np.ascontiguousarray(sliding_window_view(arr, width)[starts])
+
+
+def _windows(arr: Bytes, q: I64) -> tuple[U64, Bytes, U64]:
+    """The fixed-width byte windows of each candidate, their templates checked.
+
+    ``head`` (3 lanes): 8 bytes before the id's closing quote, ``":{"logprob":``;
+    ``number`` (40 bytes): the 32 bytes ending at the logprob, ``,"rank":``;
+    ``tail`` (4 lanes): 8 bytes before ``,"decoded_token":"``, that template.
+    """
+    head = _window(arr, q[:, 1] - 8, 24).view(np.uint64)
+    number = _window(arr, q[:, 4] - 33, 40)
+    tail = _window(arr, q[:, 6] - 9, 32).view(np.uint64)
+    bad = (head[:, 1] != _T1[0]) | ((head[:, 2] & _T1[2]) != _T1[1])
+    bad |= number.view(np.uint64)[:, 4] != _T2
+    bad |= (tail[:, 1] != _T3[0]) | (tail[:, 2] != _T3[1]) | ((tail[:, 3] & _T3[3]) != _T3[2])
+    if bad.any():
+        raise _Defer
+    return head, number, tail
+
+
+def _gaps(arr: Bytes, q9: I64) -> tuple[int, I64, npt.NDArray[np.bool_], int]:
+    """What follows each candidate: ``},"`` (same row), ``}},{"`` (new row) or ``}}]`` (end).
+
+    Returns (candidates up to the end, next candidate starts, new-row flags,
+    array end or 0); groups after the end are the envelope's quotes.  The
+    quote that opens the next candidate is checked by the caller's links.
+    """
+    usable = q9[q9 + 6 <= arr.size]
+    close, second, third = arr[usable + 1] == 0x7D, arr[usable + 2], arr[usable + 3]
+    same = close & (second == 0x2C)
+    new = close & (second == 0x7D) & (third == 0x2C) & (arr[usable + 4] == 0x7B)
+    ok = same | new
+    nxt = usable + np.where(same, 3, 5)
+    if ok.all():
+        if usable.size < q9.size:
+            raise _Defer
+        return q9.size, nxt, new, 0
+    bad = int(np.argmin(ok))
+    if not (close[bad] and second[bad] == 0x7D and third[bad] == 0x5D):
+        raise _Defer
+    return bad + 1, nxt, new, int(usable[bad]) + 4
+
+
+def _check_text(body: bytes, arr: Bytes, pos: int, last: int, escapes: I64, q: I64) -> None:
+    """Control bytes, UTF-8 and escapes of the candidates in ``[pos, last)``."""
+    region = arr[pos:last]
+    if region.min() < 0x20:
+        raise _Defer
+    if region.max() >= 0x80:
+        try:
+            codecs.utf_8_decode(memoryview(body)[pos:last], "strict", True)
+        except UnicodeDecodeError as exc:
+            raise _Defer from exc
+    escapes = escapes[escapes < last]
+    if not escapes.size:
+        return
+    owner = np.searchsorted(q[:, 9], escapes)
+    if owner.max() >= q.shape[0] or np.any(q[owner, 8] >= escapes):
+        raise _Defer
+    kinds = arr[escapes + 1]
+    if not _ESCAPABLE[kinds].all():
+        raise _Defer
+    units = escapes[kinds == ord("u")]
+    if units.size and not _HEX[_window(arr, units + 2, 4)].all():
+        raise _Defer
+
+
+def _swar8(lanes: U64) -> U64:
+    """Eight decimal digit values (first digit in the lowest byte) to an integer."""
+    v = lanes * np.uint64(10) + (lanes >> np.uint64(8))
+    mask = np.uint64(0x000000FF000000FF)
+    hi = (v & mask) * np.uint64(100 + (1000000 << 32))
+    lo = ((v >> np.uint64(16)) & mask) * np.uint64(1 + (10000 << 32))
+    return (hi + lo) >> np.uint64(32)
+
+
+def _small_ints(lanes: U64, length: I64, low: int, high: int) -> npt.NDArray[np.int32]:
+    """The 1..8 digits right-aligned in ``lanes[:, 0]``: canonical and in ``low..high``."""
+    if length.min() < 1 or length.max() > 8:
+        raise _Defer
+    keep = _KEEP[length]
+    v = (lanes[:, 0] & keep) | (_ZEROS & ~keep)
+    high_nibbles = np.uint64(0xF0F0F0F0F0F0F0F0)
+    if np.any(((v & high_nibbles) != _ZEROS) | (((v + _SIXES) & high_nibbles) != _ZEROS)):
+        raise _Defer
+    leading = (v >> (np.uint64(64) - np.uint64(8) * length.astype(np.uint64))) & np.uint64(0xFF)
+    values = _swar8(v - _ZEROS)
+    if np.any((length > 1) & (leading == 0x30)) or values.min() < low or values.max() > high:
+        raise _Defer
+    return values.astype(np.int32)
+
+
+def _bit_index(x: U64) -> I64:
+    """Index of the lowest set bit (-1 for zero)."""
+    low = x & (~x + np.uint64(1))
+    return np.frexp(low.astype(np.float64))[1].astype(np.int64) - 1
+
+
+def _mantissas(
+    number: Bytes, dot: I64, int_len: I64, frac_len: I64
+) -> tuple[U64, npt.NDArray[np.bool_]]:
+    """(integer part * 10**frac_len + fraction, fits in 19 digits) for each number.
+
+    ``number`` holds each number right-aligned in its first 32 bytes; the
+    integer part is read from the 8 bytes ending at column ``dot`` (>= 8) and
+    up to 24 fraction digits from lanes 1..3.  Rows outside the fast set come
+    out as garbage and are masked by the caller.
+    """
+    rows, width = number.shape
+    unaligned = np.ndarray((rows * width - 7,), dtype="<u8", buffer=number, strides=(1,))
+    lanes = np.empty((rows, 4), dtype=np.uint64)
+    lanes[:, :3] = number.view(np.uint64)[:, 1:4]
+    lanes[:, 3] = unaligned[np.arange(rows) * width + np.clip(dot, 8, 32) - 8]
+    keep = _KEEP[np.clip(np.column_stack((frac_len, frac_len, frac_len, int_len)) - _LANE_DIGITS, 0, 8)]
+    parts = _swar8(((lanes & keep) | (_ZEROS & ~keep)) - _ZEROS)
+    frac = (parts[:, 0] * np.uint64(10**8) + parts[:, 1]) * np.uint64(10**8) + parts[:, 2]
+    return parts[:, 3] * _POW10[np.clip(frac_len, 0, 19)] + frac, parts[:, 0] < 1000
+
+
+def _prove_float32(mantissa: U64, frac_len: I64, magnitude: npt.NDArray[np.float32]) -> tuple[
+    npt.NDArray[np.bool_], npt.NDArray[np.bool_]
+]:
+    """(decided, exact): whether ``mantissa * 10**-frac_len`` rounds (float64) to ``magnitude``.
+
+    With ``f = F * 2**G`` (float32, ``2**23 <= F < 2**24``) and ``s = -G - frac_len``
+    the decimal is within half a float64 ulp of ``f`` iff
+    ``|mantissa * 2**s - F * 5**frac_len| <= 5**frac_len / 2**30`` (``2**31`` below a
+    power of two); ties round to ``f``, whose float64 significand is even.  Rows
+    where the integers could overflow are left undecided.
+    """
+    wide = magnitude.astype(np.float64)
+    mant, exp2 = np.frexp(wide)
+    big_f = np.ldexp(mant, 24).astype(np.uint64)
+    shift = 24 - exp2.astype(np.int64) - frac_len
+    safe_shift = np.clip(shift, 0, 63).astype(np.uint64)
+    safe_frac = np.clip(frac_len, 0, 17)
+    decided = (wide >= 2.0**-126) & (shift >= 0) & (shift <= 63) & (frac_len <= 17)
+    decided &= mantissa <= (np.uint64((1 << 64) - 1) >> safe_shift)
+    pow5 = _POW5[safe_frac]
+    diff = ((mantissa << safe_shift) - big_f * pow5).view(np.int64)
+    below = np.where(big_f == np.uint64(1 << 23), pow5 >> np.uint64(31), pow5 >> np.uint64(30))
+    below = below.astype(np.int64)
+    within = np.where(diff >= 0, diff <= (pow5 >> np.uint64(30)).astype(np.int64), -diff <= below)
+    return decided, decided & within
+
+
+def _prove_extended(
+    mantissa: U64,
+    frac_len: I64,
+    magnitude: npt.NDArray[np.float32],
+    rows: npt.NDArray[np.bool_],
+    into: tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]],
+) -> None:
+    """Decide the rows ``_prove_float32`` could not, in 64-bit-significand long double.
+
+    ``mantissa`` and ``10**frac_len`` (<= 10**24) are exact there, so the quotient
+    has one rounding (relative error <= 2**-64) and its distance to ``f`` is
+    exact; a row is decided when that distance is 2**-58 * |f| clear of the half-ulp
+    bounds (which are >= 2**-54 * |f|).  Platforms without such a long double
+    decide nothing here; those rows go to Python's ``float``.
+    """
+    index = np.flatnonzero(rows)
+    if not index.size or np.finfo(np.longdouble).nmant < 63:
+        return
+    f = magnitude[index]
+    quotient = mantissa[index].astype(np.longdouble) / _POW10_LD()[frac_len[index]]
+    distance = quotient - f.astype(np.longdouble)
+    mant, exp2 = np.frexp(f.astype(np.float64))
+    up = np.ldexp(0.5, exp2 - 53).astype(np.longdouble)
+    down = np.where(mant == 0.5, up / 2, up)
+    slack = quotient * np.longdouble(2.0**-58)
+    inside = (distance < up - slack) & (distance > -down + slack)
+    outside = (distance > up + slack) | (distance < -down - slack)
+    usable = (f > 0) & np.isfinite(f) & (inside | outside)
+    into[0][index] = usable
+    into[1][index] = usable & inside
+
+
+@functools.cache
+def _POW10_LD() -> npt.NDArray[np.longdouble]:  # noqa: N802  (a cached constant table)
+    return np.array([np.longdouble(10**n) for n in range(25)], dtype=np.longdouble)
+
+
+def _logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDArray[np.float32]:
+    """The logprobs in ``[start, end)`` (right-aligned in ``number``), exact; _Defer on a rule."""
+    length = end - start
+    if length.min() < 1 or length.max() > 31:
+        raise _Defer
+    packed = np.packbits((number[:, :32] - np.uint8(0x30)) > 9, axis=1, bitorder="little")
+    bits = packed.view("<u4").ravel().astype(np.uint64) >> (32 - length).astype(np.uint64)
+    flat, base = number.ravel(), np.arange(length.size) * number.shape[1]
+    neg = flat[base + 32 - length] == 0x2D
+    rest = bits & ~neg.astype(np.uint64)
+    dot_at = _bit_index(rest)
+    is_float = rest != 0
+    int_len = np.where(is_float, dot_at, length) - neg
+    frac_len = np.where(is_float, length - 1 - dot_at, 0)
+    first = 32 - length + neg
+    fast = ((rest & (rest - np.uint64(1))) == 0) & (int_len >= 1) & (int_len <= 8)
+    fast &= ~is_float | ((flat[base + np.clip(first + int_len, 0, 31)] == 0x2E) & (frac_len >= 1))
+    zero = flat[base + first] == 0x30
+    fast &= ~((int_len > 1) & zero) & (first + int_len >= 8) & (frac_len <= 24)
+    fast &= (int_len + frac_len <= 19) | ((int_len == 1) & zero)
+    mantissa, fits = _mantissas(number, first + int_len, np.where(fast, int_len, 0), frac_len)
+    fast &= fits
+    approx = mantissa.astype(np.float64) / _POW10_F[np.clip(frac_len, 0, 22)]
+    approx /= _POW10_F[np.clip(frac_len - 22, 0, 2)]
+    magnitude = approx.astype(np.float32)
+    clinger = fast & (mantissa <= np.uint64(1 << 53)) & (frac_len <= 22)
+    exact = clinger & (magnitude.astype(np.float64) == approx)
+    decided, proved = _prove_float32(mantissa, frac_len, magnitude)
+    decided &= fast & ~clinger
+    exact |= decided & proved
+    _prove_extended(mantissa, frac_len, magnitude, fast & ~clinger & ~decided, (decided, exact))
+    if np.any(fast & ~exact & (clinger | decided)) or np.any(fast & ~neg & (mantissa != 0)):
+        raise _Defer
+    values = np.where(neg, -magnitude, magnitude)
+    values[~neg | (~is_float & (mantissa == 0))] = 0.0
+    for row in np.flatnonzero(~exact).tolist():
+        values[row] = _slow_logprob(body[int(start[row]) : int(end[row])])
+    return values
+
+
+def _slow_logprob(text: bytes) -> float:
+    """One number the vectorized path left undecided, with Python's exact ``float``."""
+    match = _JSON_NUMBER.fullmatch(text)
+    if match is None:
+        raise _Defer
+    try:
+        value = float(text) if match.group(1) or match.group(2) else float(int(text))
+    except (OverflowError, ValueError) as exc:
+        raise _Defer from exc
+    if not (-np.inf < value <= 0.0) or float(np.float32(value)) != value:
+        raise _Defer
+    return value
+
+
+def first_duplicate(ids: npt.NDArray[np.integer], offsets: I64) -> tuple[int, int] | None:
+    """(row, smallest repeated id) of the first row that repeats an id, or None.
+
+    Rows are padded to the widest row with distinct negative fillers and
+    sorted in place, so ``ids`` must be non-negative.
+    """
+    widths = np.diff(offsets)
+    rows = widths.size
+    width = int(widths.max()) if rows else 0
+    if width < 2:
+        return None
+    if rows * width > 4 * ids.size + 4096:  # a few very wide rows: sort instead of padding
+        row_of = np.repeat(np.arange(rows), widths)
+        order = np.lexsort((ids, row_of))
+        same = (np.diff(row_of[order]) == 0) & (np.diff(ids[order]) == 0)
+        if not same.any():
+            return None
+        at = order[int(np.argmax(same))]
+        return int(row_of[at]), int(ids[at])
+    pad = np.broadcast_to(-1 - np.arange(width, dtype=ids.dtype), (rows, width)).copy()
+    slots = np.arange(ids.size) + np.repeat(np.arange(rows) * width - offsets[:-1], widths)
+    pad.ravel()[slots] = ids
+    pad.sort(axis=1)
+    same = pad[:, 1:] == pad[:, :-1]
+    hit = same.any(axis=1)
+    if not hit.any():
+        return None
+    row = int(np.argmax(hit))
+    return row, int(pad[row, int(np.argmax(same[row]))])
+
+
+def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns:
+    """Join the chunks, check the row count, widths and duplicate ids, and pack."""
+    ids = np.concatenate(out.ids) if out.ids else np.zeros(0, dtype=np.int32)
+    starts = np.flatnonzero(np.concatenate(out.row_starts)) if out.row_starts else _NO_ROWS
+    offsets = np.append(starts, ids.size).astype(np.int64)
+    if starts.size != limits.rows:
+        raise _Defer
+    if starts.size and int(np.diff(offsets).max()) > limits.k + 1:
+        raise _Defer
+    if first_duplicate(ids, offsets) is not None:
+        raise _Defer
+    columns = PromptLogprobColumns(
+        ids=array("i"), logprobs=array("f"), ranks=array("i"), offsets=array("q")
+    )
+    columns.ids.frombytes(memoryview(ids).cast("B"))
+    for part in out.logprobs:
+        columns.logprobs.frombytes(memoryview(part).cast("B"))
+    for part in out.ranks:
+        columns.ranks.frombytes(memoryview(part).cast("B"))
+    columns.offsets.frombytes(memoryview(offsets).cast("B"))
+    return columns
+

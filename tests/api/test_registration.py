@@ -1,0 +1,323 @@
+"""Registering teachers over real loopback HTTP against the reference teacher.
+
+The registry runs in-process under uvicorn (``create_app``), the teachers are
+the reference teacher on the session's tiny models or the controllable
+``TeacherServer`` from the probe tests; every exchange is a real socket.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln_registry.api.entries import off_policy_manifest
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.reference_teacher.app import create_reference_app
+from kiln_registry.reference_teacher.identity import load_reference_teacher
+from kiln_registry.reference_teacher.model import ReferenceTeacher
+from kiln_registry.testing.tiny_models import TinyModel, build_tokenizer
+from tests.api.conftest import SERVED
+from tests.api.support import RegistryServer, error_of, remote, run_registry, write_config
+from tests.helpers import captured, serve_app
+from tests.probe.teacher_server import Reply, Request, TeacherServer, completion_body
+
+Reference = tuple[ReferenceTeacher, TeacherIdentity]
+
+
+def _check_verified_entry(
+    entry: dict[str, object], alias: str, url: str, ident: TeacherIdentity
+) -> None:
+    assert entry["status"] == "verified" and entry["usable"] is True
+    assert entry["identity_revision"] == ident.revision()
+    assert str(entry["identity_revision"]).startswith("sha256:")
+    assert entry["off_policy_manifest"] == off_policy_manifest(ident)
+    assert entry["status_message"] is None
+    assert entry["spec"] == {
+        "alias": alias, "kind": "remote", "provider": "vllm", "model_id": SERVED,
+        "max_top_k": 8, "vocab_size": 512, "supports_full_vocab": False,
+        "tokenizer_hash": ident.tokenizer_vocab_sha256, "identity": ident.to_dict(),
+        "url": url, "credential_id": None, "notes": "tiny", "adapter": None,
+    }  # fmt: skip
+    assert entry["capabilities"] == {
+        "teacher_id": alias, "vocab_size": 512, "max_top_k": 8, "supports_full_vocab": False,
+        "supports_batched": True, "tokenizer_hash": ident.tokenizer_vocab_sha256,
+    }  # fmt: skip
+
+
+def test_register_list_show_probe_receipts_delete(
+    registry: RegistryServer, teacher_url: str, reference: Reference
+) -> None:
+    ident = reference[1]
+    with registry.client() as http:
+        created = http.post("/v1/teachers", json=remote("tiny@vllm", teacher_url, notes="tiny"))
+        assert created.status_code == 200, created.text
+        _check_verified_entry(created.json(), "tiny@vllm", teacher_url, ident)
+        assert http.get("/v1/teachers").json() == {"teachers": [created.json()]}
+        assert http.get("/v1/teachers/tiny@vllm").json() == created.json()
+
+        probed = http.post("/v1/teachers/tiny@vllm/probe")
+        assert probed.status_code == 200, probed.text
+        report = probed.json()
+        assert report["outcome"] == "passed" and report["k_values"] == [1, 8, 9]
+        assert report["identity_digest"] == ident.digest() and report["failure"] is None
+        assert [a["status_code"] for a in report["attempts"]] == [200, 200, 400]
+        assert http.get("/v1/teachers/tiny@vllm").json() == created.json()  # unchanged
+
+        receipts = http.get("/v1/teachers/tiny@vllm/receipts").json()["receipts"]
+        assert [r["outcome"] for r in receipts] == ["passed", "passed"]
+        assert receipts[0]["id"] > receipts[1]["id"]  # newest first
+        assert {r["identity_revision"] for r in receipts} == {ident.revision()}
+
+        again = http.post("/v1/teachers", json=remote("tiny@vllm", teacher_url))
+        assert again.status_code == 409
+        assert error_of(again)["code"] == "teacher_alias_exists"
+        assert "delete" in error_of(again)["hint"]
+
+        assert http.delete("/v1/teachers/tiny@vllm").json() == {
+            "status": "deleted",
+            "alias": "tiny@vllm",
+        }
+        for response in (http.get("/v1/teachers/tiny@vllm"), http.delete("/v1/teachers/tiny@vllm")):
+            assert response.status_code == 404
+            assert error_of(response)["code"] == "teacher_not_found"
+        # Receipts outlive the alias (audit); the alias can be registered afresh.
+        assert len(http.get("/v1/teachers/tiny@vllm/receipts").json()["receipts"]) == 2
+        assert http.post("/v1/teachers", json=remote("tiny@vllm", teacher_url)).status_code == 200
+
+
+def test_fixture_teacher_is_configured_and_never_usable(registry: RegistryServer) -> None:
+    with registry.client() as http:
+        body = {"alias": "demo-fixture", "kind": "fixture", "model_id": "fixture-model"}
+        response = http.post("/v1/teachers", json=body)
+        assert response.status_code == 200, response.text
+        entry = response.json()
+        assert entry["status"] == "configured" and entry["usable"] is False
+        assert entry["capabilities"] is None and entry["identity_revision"] is None
+        assert entry["spec"]["model_id"] == "fixture-model" and entry["spec"]["identity"] is None
+        probe = http.post("/v1/teachers/demo-fixture/probe")
+        assert probe.status_code == 409
+        assert error_of(probe)["code"] == "teacher_identity_required"
+
+
+def test_local_kind_is_refused_clearly(registry: RegistryServer) -> None:
+    with registry.client() as http:
+        body = {"alias": "local-one", "kind": "local", "model_id": "teacher-large"}
+        response = http.post("/v1/teachers", json=body)
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "teacher_registration_invalid"
+    assert "kind 'local'" in error["message"] and "teacher.kind_local" in error["message"]
+    assert "kind 'remote'" in error["hint"]
+
+
+def _refused_without_trace(
+    registry: RegistryServer, body: dict[str, object], status: int, code: str
+) -> dict[str, str]:
+    with registry.client() as http:
+        response = http.post("/v1/teachers", json=body)
+        assert response.status_code == status, response.text
+        error = error_of(response)
+        assert error["code"] == code
+        alias = str(body["alias"])
+        assert http.get(f"/v1/teachers/{alias}").status_code == 404
+        assert http.get(f"/v1/teachers/{alias}/receipts").json() == {"receipts": []}
+    return error
+
+
+def test_padded_width_teacher_does_not_match_the_student(
+    registry: RegistryServer, tiny_model_padded: TinyModel
+) -> None:
+    teacher, _ = load_reference_teacher(
+        tiny_model_padded.path, served_model_id=SERVED, max_top_k=8, max_model_len=64
+    )
+    with serve_app(create_reference_app(teacher, api_key_env=None)) as url:
+        error = _refused_without_trace(
+            registry, remote("padded", url), 409, "teacher_identity_mismatch"
+        )
+    assert "probe.student_" in error["message"]
+
+
+def test_teacher_with_another_tokenizer_is_refused(
+    tmp_path: Path, tiny_model: TinyModel, teacher_url: str
+) -> None:
+    student = tmp_path / "student"
+    student.mkdir()
+    shutil.copy(tiny_model.path / "config.json", student / "config.json")
+    build_tokenizer(student, vocab_size=500)
+    with run_registry(write_config(tmp_path, student=student)) as registry:
+        error = _refused_without_trace(
+            registry, remote("other-vocab", teacher_url), 409, "teacher_identity_mismatch"
+        )
+    assert "probe.student_vocab" in error["message"]
+
+
+def test_stock_vllm_fingerprint_is_refused(registry: RegistryServer) -> None:
+    stock = captured("pl1")[0].split(b'"system_fingerprint":"')[1].split(b'"')[0].decode()
+    assert stock.startswith("vllm-")
+
+    def handler(request: Request, index: int) -> Reply:
+        k = int(str(request.json()["prompt_logprobs"]))
+        return Reply(body=completion_body(model=SERVED, fingerprint=stock, prompt=[0, 0], k=k))
+
+    with TeacherServer(handler) as teacher:
+        base = f"http://127.0.0.1:{teacher.port}"
+        error = _refused_without_trace(
+            registry, remote("stock", base), 502, "teacher_identity_probe_failed"
+        )
+    assert "probe.fingerprint_stock" in error["message"]
+
+
+def test_redirect_from_the_teacher_is_refused(registry: RegistryServer, teacher_url: str) -> None:
+    target = teacher_url + "/v1/completions"
+
+    def handler(request: Request, index: int) -> Reply:
+        return Reply(status=307, headers={"location": target})
+
+    with TeacherServer(handler) as teacher:
+        error = _refused_without_trace(
+            registry, remote("moved", teacher.url), 502, "teacher_identity_probe_failed"
+        )
+        assert len(teacher.requests) == 1
+    assert "probe.redirect" in error["message"]
+
+
+def test_unreachable_teacher_fails_the_probe(registry: RegistryServer, free_port: int) -> None:
+    body = remote("gone", f"http://127.0.0.1:{free_port}")
+    error = _refused_without_trace(registry, body, 502, "teacher_identity_probe_failed")
+    assert "probe.connect" in error["message"]
+
+
+def test_teacher_error_body_is_echoed_at_most_400_characters(registry: RegistryServer) -> None:
+    def handler(request: Request, index: int) -> Reply:
+        return Reply(status=500, body=b'{"error":{"message":"' + b"x" * 5000 + b'"}}')
+
+    with TeacherServer(handler) as teacher:
+        error = _refused_without_trace(
+            registry, remote("noisy", teacher.url), 502, "teacher_identity_probe_failed"
+        )
+    assert "x" * 400 in error["message"] and "x" * 401 not in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("url", "rule"),
+    [
+        ("http://10.1.2.3:8000", "url.http_not_loopback"),
+        ("https://10.1.2.3:8000", "credential.loopback_url_required"),
+        ("https://teacher.example.com", "credential.loopback_url_required"),
+        ("https://127.0.0.1.nip.io:8000", "credential.loopback_url_required"),
+        ("http://user:pw@127.0.0.1:8000", "url.userinfo"),
+        ("http://127.0.0.1:8000/v1?key=abc", "url.query"),
+    ],
+)
+def test_credential_free_teacher_must_be_an_exact_loopback_url(
+    registry: RegistryServer, url: str, rule: str
+) -> None:
+    error = _refused_without_trace(
+        registry, remote("offhost", url), 400, "teacher_registration_invalid"
+    )
+    assert rule in error["message"]
+    assert "pw@" not in error["message"] and "key=abc" not in error["message"]
+
+
+def test_network_bound_server_refuses_credential_free_teachers(
+    tmp_path: Path, tiny_model: TinyModel, teacher_url: str
+) -> None:
+    # The config says 0.0.0.0; the test server itself still listens on loopback.
+    with run_registry(write_config(tmp_path, student=tiny_model.path), host="0.0.0.0") as registry:
+        error = _refused_without_trace(
+            registry, remote("loop", teacher_url), 400, "teacher_registration_invalid"
+        )
+    assert "credential.loopback_server_required" in error["message"]
+
+
+def test_reads_do_not_wait_for_a_writer(registry: RegistryServer) -> None:
+    """GETs BEGIN DEFERRED: a held write lock (BEGIN IMMEDIATE) does not block them."""
+    with registry.client(timeout=4) as http:
+        body = {"alias": "f1", "kind": "fixture", "model_id": "m"}
+        assert http.post("/v1/teachers", json=body).status_code == 200
+        writer = sqlite3.connect(registry.ctx.config.server.database, isolation_level=None)
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+            started = time.monotonic()
+            for path in ("/v1/teachers/f1", "/v1/teachers", "/v1/teachers/f1/receipts", "/ready"):
+                assert http.get(path).status_code == 200, path
+            # 5 s is SQLite's busy timeout: an IMMEDIATE reader would have waited for it.
+            assert time.monotonic() - started < 4
+        finally:
+            writer.execute("ROLLBACK")
+            writer.close()
+
+
+def test_oversized_request_bodies_are_refused_before_reading(registry: RegistryServer) -> None:
+    big = b'{"alias":"a","kind":"fixture","model_id":"m","notes":"' + b"n" * 100_000 + b'"}'
+
+    def chunks() -> object:
+        for start in range(0, len(big), 8192):
+            yield big[start : start + 8192]
+
+    with registry.client() as http:
+        declared = http.post("/v1/teachers", content=big)
+        streamed = http.post("/v1/teachers", content=chunks())  # chunked, no Content-Length
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        assert error_of(response)["code"] == "request_too_large"
+
+
+def test_unknown_routes_use_the_error_envelope(registry: RegistryServer) -> None:
+    with registry.client() as http:
+        missing = http.get("/v1/nothing")
+        wrong = http.put("/v1/teachers")
+    assert missing.status_code == 404 and error_of(missing)["code"] == "not_found"
+    assert wrong.status_code == 405 and error_of(wrong)["code"] == "method_not_allowed"
+
+
+def test_outbound_client_ignores_proxy_variables(
+    registry: RegistryServer, teacher_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    with registry.client() as http:
+        response = http.post("/v1/teachers", json=remote("direct", teacher_url))
+    assert response.status_code == 200, response.text
+
+
+def test_malformed_json_is_a_registration_error(registry: RegistryServer) -> None:
+    with registry.client() as http:
+        response = http.post(
+            "/v1/teachers", content=b"{not json", headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "teacher_registration_invalid"
+
+
+def test_lookups_see_commits_from_other_connections(
+    registry: RegistryServer, teacher_url: str
+) -> None:
+    """The entry cache follows the file: a status written by another connection shows at once."""
+    with registry.client() as http:
+        assert http.post("/v1/teachers", json=remote("watched", teacher_url)).status_code == 200
+        assert http.get("/v1/teachers/watched").json()["usable"] is True  # now cached
+        assert http.get("/v1/teachers/watched").json()["usable"] is True
+        other = sqlite3.connect(registry.ctx.config.server.database, isolation_level=None)
+        try:
+            other.execute(
+                "UPDATE teachers SET status = 'unavailable', status_message = 'teacher is down'"
+                " WHERE alias = 'watched'"
+            )
+        finally:
+            other.close()
+        entry = http.get("/v1/teachers/watched").json()
+    assert entry["status"] == "unavailable" and entry["usable"] is False
+    assert entry["capabilities"] is None and entry["status_message"] == "teacher is down"
+
+
+def test_job_submissions_get_a_larger_body_bound(registry: RegistryServer) -> None:
+    body = b'{"padding":"' + b"p" * 100_000 + b'"}'  # over the 64 KiB registration bound
+    with registry.client() as http:
+        response = http.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400  # read and refused by the jobs schema, not 413
+    assert error_of(response)["code"] == "job_invalid"

@@ -1,0 +1,104 @@
+"""``kiln jobs``, ``kiln cache`` and ``kiln corpus verify`` against a real registry on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kiln_registry.cli.jobs_cmds import progress_line
+from kiln_registry.cli.main import run
+from kiln_registry.testing.tiny_models import TinyModel
+from tests.jobs.harness import Controlled, make_config, running_registry, student_identity
+from tests.probe.teacher_server import TeacherServer
+
+
+def _toml(tmp_path: Path, student: Path) -> Path:
+    path = tmp_path / "kiln.toml"
+    path.write_text(
+        f'[server]\ndatabase = "{tmp_path / "db" / "registry.db"}"\n'
+        f'[student]\nmodel_path = "{student}"\n'
+        f'[jobs]\ncorpus_root = "{tmp_path / "corpora"}"\nresult_root = "{tmp_path / "results"}"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_the_job_commands_end_to_end(
+    tmp_path: Path,
+    tiny_model: TinyModel,
+    student_vocab_sha256: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pinned = student_identity(student_vocab_sha256)
+    other = student_identity(student_vocab_sha256, inference="9" * 64)
+    config = make_config(tmp_path, tiny_model.path)
+    with (
+        TeacherServer(Controlled(pinned)) as first,
+        TeacherServer(Controlled(other)) as second,
+        running_registry(config) as reg,
+    ):
+        reg.register("t", f"http://127.0.0.1:{first.port}", "teacher-tiny")
+        server = ["--server", reg.url]
+        seqs = tmp_path / "seqs.json"
+        seqs.write_text(json.dumps([[1, 2, 3], [4, 5]]))
+        assert run(["jobs", "submit", "--teacher", "t", "--top-k", "3", "--sequences", str(seqs),
+                    *server]) == 0  # fmt: skip
+        job_id = capsys.readouterr().out.strip()
+        assert run(["jobs", "show", job_id, "--follow", "--interval", "0.05", *server]) == 0
+        out = capsys.readouterr().out
+        assert "[" + "#" * 30 + "] 2/2 succeeded" in out and "identity" in out
+        assert run(["jobs", "list", *server]) == 0 and job_id in capsys.readouterr().out
+        corpus = tmp_path / "out.jsonl"
+        assert run(["jobs", "result", job_id, "--output", str(corpus), *server]) == 0
+        assert (
+            corpus.read_text().splitlines()[0]
+            == reg.http.get("/v1/teachers/t").json()["off_policy_manifest"]
+        )
+        assert run(["corpus", "verify", str(corpus), *server]) == 0
+        assert "still registered as t" in capsys.readouterr().out
+
+        assert run(["jobs", "cancel", job_id, *server]) == 2
+        assert "job_conflict" in capsys.readouterr().err
+
+        toml = _toml(tmp_path, tiny_model.path)
+        assert run(["cache", "stats", "--config", str(toml), "--json"]) == 0
+        stats = json.loads(capsys.readouterr().out)
+        assert stats == [{"identity_digest": pinned.digest(), "top_k": 3, "rows": 2,
+                          "bytes": stats[0]["bytes"]}]  # fmt: skip
+        assert run(["cache", "prune", "--config", str(toml), "--identity", pinned.revision()]) == 0
+        assert "removed 2 cached rows" in capsys.readouterr().out
+
+        # The alias now names another identity: the corpus is no longer the registered one.
+        assert reg.http.delete("/v1/teachers/t").status_code == 200
+        reg.register("t", f"http://127.0.0.1:{second.port}", "teacher-tiny")
+        assert run(["corpus", "verify", str(corpus), *server]) == 2
+        assert "corpus.identity_not_registered" in capsys.readouterr().err
+
+    lines = corpus.read_text().splitlines()
+    lines[1] = lines[1].replace('"top_k":3', '"top_k":2')
+    corpus.write_text("\n".join(lines) + "\n")
+    assert run(["corpus", "verify", str(corpus), "--server", "http://127.0.0.1:9"]) == 2
+    assert "corpus." in capsys.readouterr().err
+    assert run(["jobs", "show", "not-a-job", "--server", "http://127.0.0.1:9"]) == 2
+
+
+def test_progress_line_shapes() -> None:
+    from kiln_registry.api.jobs_schemas import JobPublic
+
+    job = JobPublic.model_validate(
+        {
+            "id": "job-" + "0" * 24, "kind": "teacher_scoring", "status": "running",
+            "teacher": "t", "identity_revision": "sha256:" + "a" * 64, "top_k": 2,
+            "source": {"kind": "inline", "path": None, "sha256": None}, "device": "cpu",
+            "attempts": 1, "cancel_requested": False,
+            "progress": {"total": 4, "done": 1, "scored": 1, "cache_hits": 0, "requests": 1,
+                         "retries": 0},
+            "timestamps": {"created_at": "x", "claimed_at": None, "spec_checked_at": None,
+                           "probed_at": None, "leased_at": None, "scoring_started_at": None,
+                           "finished_at": None, "updated_at": "x"},
+            "error": None, "result": None,
+        }
+    )  # fmt: skip
+    assert progress_line(job) == "[" + "#" * 7 + "-" * 23 + "] 1/4 running (0 cached)"

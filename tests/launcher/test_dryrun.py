@@ -1,0 +1,94 @@
+"""``kiln-teacher --dry-run`` (and ``--manifest-only`` from a model path), as subprocesses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.launcher.test_cli_manifest import TEACHER_INPUT
+
+KILN_TEACHER = Path(sys.executable).with_name("kiln-teacher")
+SECRET = "s3cr3t-dry-run-api-key"
+LIMITS = ["--served-model-id=teacher-large", "--max-top-k=32", "--max-model-len=32768"]
+NO_VLLM = importlib.util.find_spec("vllm") is None
+
+
+def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    return subprocess.run(
+        [str(KILN_TEACHER), *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _input(tmp_path: Path, **changes: object) -> Path:
+    path = tmp_path / "teacher-input.json"
+    path.write_text(json.dumps({**TEACHER_INPUT, **changes}), encoding="utf-8")
+    return path
+
+
+def test_dry_run_with_identity_input(tmp_path: Path) -> None:
+    source = tmp_path / "models" / "teacher"
+    flags = [f"--identity-input={_input(tmp_path)}", f"--model-path={source}", *LIMITS]
+    extras = ["--", "--host=127.0.0.1", "--port=8001", f"--api-key={SECRET}", "--dtype=bfloat16"]
+    out = _run([*flags, "--dry-run", *extras], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert SECRET not in out.stdout + out.stderr
+    assert out.stdout.count("\n") == 1
+    doc = json.loads(out.stdout)
+    assert doc["dry_run"] is True
+    assert doc["source_model_path"] == str(source)
+    assert doc["source_adapter_path"] is None
+    argv = doc["argv"]
+    assert Path(argv[0]).parent == Path(sys.executable).parent  # the same interpreter
+    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(source)]
+    redacted = ["--host=127.0.0.1", "--port=8001", "--api-key=<redacted>", "--dtype=bfloat16"]
+    assert argv[-4:] == redacted
+    assert f"--fingerprint-value={doc['fingerprint']}" in argv
+    assert any("SOURCE paths" in note for note in doc["notes"])
+    manifest = _run([f"--identity-input={_input(tmp_path)}", *LIMITS, "--manifest-only",
+                     *extras], tmp_path)  # fmt: skip
+    assert json.loads(manifest.stdout)["fingerprint"] == doc["fingerprint"]
+
+
+def test_dry_run_adapter_from_identity_input(tmp_path: Path) -> None:
+    adapter = {"name": "teacher-large", "weights_sha256": "1" * 64, "config_sha256": "2" * 64}
+    path = _input(tmp_path, adapter=adapter, adapter_max_rank=16)
+    flags = [f"--identity-input={path}", "--model-path=/m", *LIMITS, "--dry-run"]
+    missing = _run(flags, tmp_path)
+    assert missing.returncode == 2
+    assert "launcher.dry_run_adapter" in missing.stderr
+    out = _run([*flags, "--adapter-path=/a/teacher-large"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    argv = json.loads(out.stdout)["argv"]
+    assert "--max-lora-rank=16" in argv
+    module = json.loads(next(t for t in argv if t.startswith("--lora-modules="))[15:])
+    assert module == {
+        "name": "teacher-large",
+        "path": "/a/teacher-large",
+        "base_model_name": "kiln-base-" + "a" * 16,
+    }
+
+
+@pytest.mark.skipif(not NO_VLLM, reason="checks the message when vllm is missing")
+@pytest.mark.parametrize("mode", ["--dry-run", "--manifest-only"])
+def test_real_model_path_without_vllm_names_the_package(
+    tmp_path: Path, tiny_model: object, mode: str
+) -> None:
+    model = tiny_model.path  # type: ignore[attr-defined]
+    out = _run([f"--model-path={model}", *LIMITS, mode, "--", f"--api-key={SECRET}"], tmp_path)
+    assert out.returncode == 2
+    assert "'vllm' is not installed" in out.stderr
+    assert "runtime_content.package_missing" in out.stderr
+    assert SECRET not in out.stdout + out.stderr
+
+
+def test_dry_run_refuses_owned_options_before_any_work(tmp_path: Path) -> None:
+    flags = [f"--identity-input={_input(tmp_path)}", "--model-path=/m", *LIMITS, "--dry-run"]
+    out = _run([*flags, "--", "--load-format=pt"], tmp_path)
+    assert out.returncode == 2
+    assert "policy.owned" in out.stderr
