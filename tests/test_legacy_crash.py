@@ -183,7 +183,9 @@ def _legacy_db(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute(LEGACY_DDL)
+        conn.execute("BEGIN")  # one transaction: one fsync, not one per row
         conn.executemany("INSERT INTO teachers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", LEGACY_ROWS)
+        conn.execute("COMMIT")
     finally:
         conn.close()
 

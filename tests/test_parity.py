@@ -27,10 +27,10 @@ from kiln_registry.parity import (
     check_comparable,
     choose_prompt_len,
     choose_top_k,
-    grade,
     parity,
     parity_prompts,
 )
+from kiln_registry.parity_grade import grade
 from kiln_registry.probe.verify import RowsCheck
 from kiln_registry.testing.tiny_models import TinyModel, build_tiny_llama
 from tests.helpers import serve_app

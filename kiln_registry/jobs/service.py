@@ -26,6 +26,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config import KilnConfig
+from kiln_registry.db.engine import BEGIN_OPTION
 from kiln_registry.db.models import TeacherRow, utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.errors import (
@@ -165,8 +166,14 @@ def submit_job(config: KilnConfig, sessions: sessionmaker[Session], sub: JobSubm
         return row
 
 
+def _read_only(session: Session) -> None:
+    """Reads BEGIN DEFERRED: a status poll never waits for, or holds, the write lock."""
+    session.connection(execution_options={BEGIN_OPTION: "DEFERRED"})
+
+
 def get_job(sessions: sessionmaker[Session], job_id: str) -> JobRow:
     with unit_of_work(sessions) as session:
+        _read_only(session)
         row = JobRepository(session).require(job_id)
         session.expunge(row)
         return row
@@ -176,6 +183,7 @@ def list_jobs(
     sessions: sessionmaker[Session], *, limit: int = 100, status: str | None = None
 ) -> list[JobRow]:
     with unit_of_work(sessions) as session:
+        _read_only(session)
         rows = JobRepository(session).list_jobs(limit=limit, status=status)
         session.expunge_all()
         return rows

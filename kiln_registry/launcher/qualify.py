@@ -153,6 +153,7 @@ def qualify(
         raise LauncherError("qualify needs --model-path", rule="qualify.model_path")
     child_env = dict(check_launch_environment(env).child_environment)
     limiter = ReadRateLimiter(request.max_provenance_read_mib_per_second)
+    measure_model(model, adapter, limiter=limiter)  # a bad tree fails before runtime hashing
     runtime, missing = measure_installed_runtime(limiter, child_env, packages)
     again, _ = measure_installed_runtime(limiter, child_env, packages)
     identities = _Identities(request, runtime, child_env, limiter)

@@ -203,9 +203,7 @@ def _quotes(arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
     return quotes + pos, escaping + pos
 
 
-def _scan_chunk(
-    body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits
-) -> tuple[int, int]:
+def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -> tuple[int, int]:
     """Validate the complete candidates from ``pos``; return (next pos, array end or 0)."""
     size = CHUNK_BYTES
     while True:
@@ -355,15 +353,17 @@ def _mantissas(
     lanes = np.empty((rows, 4), dtype=np.uint64)
     lanes[:, :3] = number.view(np.uint64)[:, 1:4]
     lanes[:, 3] = unaligned[np.arange(rows) * width + np.clip(dot, 8, 32) - 8]
-    keep = _KEEP[np.clip(np.column_stack((frac_len, frac_len, frac_len, int_len)) - _LANE_DIGITS, 0, 8)]
+    keep = _KEEP[
+        np.clip(np.column_stack((frac_len, frac_len, frac_len, int_len)) - _LANE_DIGITS, 0, 8)
+    ]
     parts = _swar8(((lanes & keep) | (_ZEROS & ~keep)) - _ZEROS)
     frac = (parts[:, 0] * np.uint64(10**8) + parts[:, 1]) * np.uint64(10**8) + parts[:, 2]
     return parts[:, 3] * _POW10[np.clip(frac_len, 0, 19)] + frac, parts[:, 0] < 1000
 
 
-def _prove_float32(mantissa: U64, frac_len: I64, magnitude: npt.NDArray[np.float32]) -> tuple[
-    npt.NDArray[np.bool_], npt.NDArray[np.bool_]
-]:
+def _prove_float32(
+    mantissa: U64, frac_len: I64, magnitude: npt.NDArray[np.float32]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """(decided, exact): whether ``mantissa * 10**-frac_len`` rounds (float64) to ``magnitude``.
 
     With ``f = F * 2**G`` (float32, ``2**23 <= F < 2**24``) and ``s = -G - frac_len``
@@ -407,7 +407,7 @@ def _prove_extended(
     if not index.size or np.finfo(np.longdouble).nmant < 63:
         return
     f = magnitude[index]
-    quotient = mantissa[index].astype(np.longdouble) / _POW10_LD()[frac_len[index]]
+    quotient = mantissa[index].astype(np.longdouble) / _pow10_ld()[frac_len[index]]
     distance = quotient - f.astype(np.longdouble)
     mant, exp2 = np.frexp(f.astype(np.float64))
     up = np.ldexp(0.5, exp2 - 53).astype(np.longdouble)
@@ -421,7 +421,8 @@ def _prove_extended(
 
 
 @functools.cache
-def _POW10_LD() -> npt.NDArray[np.longdouble]:  # noqa: N802  (a cached constant table)
+def _pow10_ld() -> npt.NDArray[np.longdouble]:
+    """10**0..10**24, all exact in a 64-bit-significand long double."""
     return np.array([np.longdouble(10**n) for n in range(25)], dtype=np.longdouble)
 
 
@@ -458,7 +459,7 @@ def _logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDArray[n
     _prove_extended(mantissa, frac_len, magnitude, fast & ~clinger & ~decided, (decided, exact))
     if np.any(fast & ~exact & (clinger | decided)) or np.any(fast & ~neg & (mantissa != 0)):
         raise _Defer
-    values = np.where(neg, -magnitude, magnitude)
+    values: npt.NDArray[np.float32] = np.where(neg, -magnitude, magnitude).astype(np.float32)
     values[~neg | (~is_float & (mantissa == 0))] = 0.0
     for row in np.flatnonzero(~exact).tolist():
         values[row] = _slow_logprob(body[int(start[row]) : int(end[row])])
@@ -524,11 +525,10 @@ def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns:
     columns = PromptLogprobColumns(
         ids=array("i"), logprobs=array("f"), ranks=array("i"), offsets=array("q")
     )
-    columns.ids.frombytes(memoryview(ids).cast("B"))
-    for part in out.logprobs:
-        columns.logprobs.frombytes(memoryview(part).cast("B"))
-    for part in out.ranks:
-        columns.ranks.frombytes(memoryview(part).cast("B"))
-    columns.offsets.frombytes(memoryview(offsets).cast("B"))
+    columns.ids.frombytes(ids.data.cast("B"))
+    for lps in out.logprobs:
+        columns.logprobs.frombytes(lps.data.cast("B"))
+    for ranks in out.ranks:
+        columns.ranks.frombytes(ranks.data.cast("B"))
+    columns.offsets.frombytes(offsets.data.cast("B"))
     return columns
-

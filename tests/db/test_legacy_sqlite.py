@@ -71,7 +71,9 @@ def _write_legacy(path: Path, rows: list[tuple[object, ...]], *, wal: bool = Fal
         if wal:
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(LEGACY_DDL)
+        conn.execute("BEGIN")  # one transaction: one fsync, not one per row
         conn.executemany("INSERT INTO teachers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.execute("COMMIT")
     finally:
         conn.close()
 

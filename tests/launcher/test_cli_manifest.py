@@ -223,21 +223,6 @@ def test_refused_environment_names_the_variable_not_its_value(
     assert value not in text
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--model-path=/models/teacher", *LIMITS], "a real launch"),
-        (["--model-path=/models/teacher", *LIMITS, "--dry-run"], "--dry-run"),
-        (["--model-path=/models/teacher", *LIMITS, "--manifest-only"], "--manifest-only"),
-        (["cleanup"], "cleanup"),
-        (["qualify", "--anything"], "qualify"),
-    ],
-)
-def test_unbuilt_paths_say_so(base_env: dict[str, str], args: list[str], needle: str) -> None:
-    result = run_teacher(args, base_env)
-    assert_one_error_line(result, needle, "not implemented in this build")
-
-
 def test_precomputed_input_can_never_launch(input_file: Path, base_env: dict[str, str]) -> None:
     result = run_teacher([f"--identity-input={input_file}", *LIMITS], base_env)
     assert_one_error_line(result, "launcher.mode", "can never launch")
