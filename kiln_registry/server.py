@@ -29,6 +29,7 @@ from kiln_registry.config import KilnConfig, check_startup_environment, load_con
 from kiln_registry.credentials.redaction import install_redaction
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.errors import ConfigError
+from kiln_registry.legacy_registry import import_configured_legacy_registry
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.probe.verify import StudentView
 
@@ -85,6 +86,7 @@ def build_context(config: KilnConfig) -> RegistryContext:
     engine = open_engine(_database_path(config.server.database))
     try:
         revision = upgrade_to_head(engine)
+        import_configured_legacy_registry(config, session_factory(engine))
     except BaseException:
         engine.dispose()
         raise

@@ -324,6 +324,7 @@ def _kiln(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_kiln_registry_import_cli(tmp_path: Path, tiny_model: TinyModel) -> None:
     config = tmp_path / "kiln.toml"
     config.write_text(

@@ -44,7 +44,10 @@ def render_result(result: dict[str, Any]) -> str:
             "registered entry:",
             render_entry(entry.model_copy(update={"off_policy_manifest": None})),
             "",
-            "off-policy manifest (the exact text a Kiln job binds is the compact form):",
+            "off-policy manifest (write this exact line first in an off-policy OPD corpus):",
+            printable(result["off_policy_manifest"]),
+            "",
+            "the same manifest, indented for reading:",
             json.dumps(manifest, indent=2, ensure_ascii=False),
             "",
             "stopped the registry and the teacher; removed the work directory"

@@ -33,7 +33,8 @@ from kiln_registry.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.probe.client import SecretSource, completion_request, exchange, status_failure
-from kiln_registry.probe.parse import parse_completion, response_body_limit
+from kiln_registry.probe.fastscan import parse_completion_fast
+from kiln_registry.probe.parse import response_body_limit
 from kiln_registry.probe.verify import verify_completion
 
 SCORE_TIMEOUT_S: Final = 60.0
@@ -70,7 +71,9 @@ def backoff_s(attempt: int) -> float:
 def verify_scores(target: ScoringTarget, prompt: list[int], body: bytes) -> ScoredSequence:
     """Parse and verify one answer with every probe rule and the pinned fingerprint."""
     identity = target.identity
-    parsed = parse_completion(
+    # The same parser the probe client uses: the vectorized path, deferring to the strict
+    # parser for any layout it cannot prove, so it accepts and refuses exactly the same.
+    parsed = parse_completion_fast(
         body,
         expected_prompt_len=len(prompt),
         k=target.k,

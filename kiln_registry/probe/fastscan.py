@@ -66,6 +66,7 @@ _ZEROS = np.uint64(0x3030303030303030)
 _SIXES = np.uint64(0x0606060606060606)
 _KEEP = np.array([0] + [(1 << 64) - (1 << (8 * (8 - n))) for n in range(1, 9)], dtype=np.uint64)
 _LANE_DIGITS = np.array([16, 8, 0, 0], dtype=np.int64)
+_LANE_SHIFTS = np.array([1, 1 << 8, 1 << 16, 1 << 24], dtype=np.uint64)
 _POW10 = np.array([10**n for n in range(20)], dtype=np.uint64)
 _POW10_F = np.array([10.0**n for n in range(23)], dtype=np.float64)
 _POW5 = np.array([5**n for n in range(18)], dtype=np.uint64)
@@ -88,7 +89,7 @@ _T2 = _lanes(b',"rank":')[0]
 _T3 = _lanes(b',"decoded_token":"')
 
 
-class _Defer(Exception):
+class FastPathDeferred(Exception):
     """The body leaves the fast layout or breaks a rule: the strict parser decides."""
 
 
@@ -111,30 +112,30 @@ def parse_completion_fast(
     }
     try:
         return scan_completion(body, **args)
-    except _Defer:
+    except FastPathDeferred:
         return parse_completion(body, **args)
 
 
 def scan_completion(
     body: bytes, *, expected_prompt_len: int, k: int, vocab_size: int, max_candidates: int
 ) -> ParsedCompletion:
-    """The fast path alone; raises ``_Defer`` wherever the strict parser must decide."""
+    """The fast path alone; raises ``FastPathDeferred`` wherever the strict parser must decide."""
     if len(body) > response_body_limit(expected_prompt_len, k):
-        raise _Defer
+        raise FastPathDeferred
     key_at = body.find(_ARRAY_KEY)
     if key_at < 0:
-        raise _Defer
+        raise FastPathDeferred
     start = key_at + len(_ARRAY_KEY) - 1
     limits = _Limits(min(vocab_size, MAX_VOCAB_SIZE), k, expected_prompt_len - 1, max_candidates)
     columns, end = _scan_array(body, start, limits)
     envelope = body[:start] + _CUT_TEXT.encode() + body[end:]
     if envelope.count(_CUT_TEXT.encode()) != 1:
-        raise _Defer
+        raise FastPathDeferred
     try:
         top = strict_loads(envelope, parse_float=_cut_float)
         return completion_from_tree(top, lambda entries: _rows_at_cut(entries, columns))
     except ProbeFailed as exc:
-        raise _Defer from exc
+        raise FastPathDeferred from exc
 
 
 def _cut_float(text: str) -> object:
@@ -143,7 +144,7 @@ def _cut_float(text: str) -> object:
 
 def _rows_at_cut(entries: object, columns: PromptLogprobColumns) -> PromptLogprobColumns:
     if entries is not _CUT:
-        raise _Defer
+        raise FastPathDeferred
     return columns
 
 
@@ -173,7 +174,7 @@ def _scan_array(body: bytes, start: int, limits: _Limits) -> tuple[PromptLogprob
     if head[:6] == b"[null]":
         return _columns(_Out(), limits), start + 6
     if head != b'[null,{"':
-        raise _Defer
+        raise FastPathDeferred
     arr = np.frombuffer(body, dtype=np.uint8)
     out = _Out()
     pos, end = start + 7, 0
@@ -182,13 +183,13 @@ def _scan_array(body: bytes, start: int, limits: _Limits) -> tuple[PromptLogprob
     return _columns(out, limits), end
 
 
-def _quotes(arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
+def _quotes(body: bytes, arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
     """Unescaped quote positions in ``[pos, stop)`` and the escaping backslashes."""
     region = arr[pos:stop]
     quotes = np.flatnonzero(region == 0x22)
+    if body.find(b"\\", pos, stop) < 0:
+        return quotes + pos, _NO_ROWS
     slashes = np.flatnonzero(region == 0x5C)
-    if not slashes.size:
-        return quotes + pos, slashes
     first = np.ones(slashes.size, dtype=bool)
     first[1:] = np.diff(slashes) != 1
     index = np.arange(slashes.size)
@@ -208,21 +209,21 @@ def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -
     size = CHUNK_BYTES
     while True:
         stop = min(pos + size, arr.size)
-        quotes, escapes = _quotes(arr, pos, stop)
+        quotes, escapes = _quotes(body, arr, pos, stop)
         groups = quotes.size // 10
         if groups or stop == arr.size:
             break
         size *= 2
     if not groups or quotes[0] != pos:
-        raise _Defer
+        raise FastPathDeferred
     q = quotes[: groups * 10].reshape(groups, 10)
     count, nxt, new_row, end = _gaps(arr, q[:, 9])
     q = q[:count]
     if np.any(q[1:, 0] != nxt[: count - 1]):
-        raise _Defer
+        raise FastPathDeferred
     out.count += count
     if out.count > limits.max_candidates:
-        raise _Defer
+        raise FastPathDeferred
     head, number, tail = _windows(arr, q)
     _check_text(body, arr, pos, int(q[-1, 9]) + 1, escapes, q)
     out.ids.append(_small_ints(head, q[:, 1] - q[:, 0] - 1, 0, limits.vocab - 1))
@@ -238,7 +239,7 @@ def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -
 def _window(arr: Bytes, starts: I64, width: int) -> Bytes:
     """``arr[s : s + width]`` for every ``s``, as one C-contiguous ``(len(starts), width)``."""
     if starts.min() < 0 or starts.max() > arr.size - width:
-        raise _Defer
+        raise FastPathDeferred
     return np.ascontiguousarray(sliding_window_view(arr, width)[starts])
 
 
@@ -256,7 +257,7 @@ def _windows(arr: Bytes, q: I64) -> tuple[U64, Bytes, U64]:
     bad |= number.view(np.uint64)[:, 4] != _T2
     bad |= (tail[:, 1] != _T3[0]) | (tail[:, 2] != _T3[1]) | ((tail[:, 3] & _T3[3]) != _T3[2])
     if bad.any():
-        raise _Defer
+        raise FastPathDeferred
     return head, number, tail
 
 
@@ -275,11 +276,11 @@ def _gaps(arr: Bytes, q9: I64) -> tuple[int, I64, npt.NDArray[np.bool_], int]:
     nxt = usable + np.where(same, 3, 5)
     if ok.all():
         if usable.size < q9.size:
-            raise _Defer
+            raise FastPathDeferred
         return q9.size, nxt, new, 0
     bad = int(np.argmin(ok))
     if not (close[bad] and second[bad] == 0x7D and third[bad] == 0x5D):
-        raise _Defer
+        raise FastPathDeferred
     return bad + 1, nxt, new, int(usable[bad]) + 4
 
 
@@ -287,24 +288,24 @@ def _check_text(body: bytes, arr: Bytes, pos: int, last: int, escapes: I64, q: I
     """Control bytes, UTF-8 and escapes of the candidates in ``[pos, last)``."""
     region = arr[pos:last]
     if region.min() < 0x20:
-        raise _Defer
+        raise FastPathDeferred
     if region.max() >= 0x80:
         try:
             codecs.utf_8_decode(memoryview(body)[pos:last], "strict", True)
         except UnicodeDecodeError as exc:
-            raise _Defer from exc
+            raise FastPathDeferred from exc
     escapes = escapes[escapes < last]
     if not escapes.size:
         return
     owner = np.searchsorted(q[:, 9], escapes)
     if owner.max() >= q.shape[0] or np.any(q[owner, 8] >= escapes):
-        raise _Defer
+        raise FastPathDeferred
     kinds = arr[escapes + 1]
     if not _ESCAPABLE[kinds].all():
-        raise _Defer
+        raise FastPathDeferred
     units = escapes[kinds == ord("u")]
     if units.size and not _HEX[_window(arr, units + 2, 4)].all():
-        raise _Defer
+        raise FastPathDeferred
 
 
 def _swar8(lanes: U64) -> U64:
@@ -319,16 +320,16 @@ def _swar8(lanes: U64) -> U64:
 def _small_ints(lanes: U64, length: I64, low: int, high: int) -> npt.NDArray[np.int32]:
     """The 1..8 digits right-aligned in ``lanes[:, 0]``: canonical and in ``low..high``."""
     if length.min() < 1 or length.max() > 8:
-        raise _Defer
+        raise FastPathDeferred
     keep = _KEEP[length]
     v = (lanes[:, 0] & keep) | (_ZEROS & ~keep)
     high_nibbles = np.uint64(0xF0F0F0F0F0F0F0F0)
     if np.any(((v & high_nibbles) != _ZEROS) | (((v + _SIXES) & high_nibbles) != _ZEROS)):
-        raise _Defer
+        raise FastPathDeferred
     leading = (v >> (np.uint64(64) - np.uint64(8) * length.astype(np.uint64))) & np.uint64(0xFF)
     values = _swar8(v - _ZEROS)
     if np.any((length > 1) & (leading == 0x30)) or values.min() < low or values.max() > high:
-        raise _Defer
+        raise FastPathDeferred
     return values.astype(np.int32)
 
 
@@ -426,13 +427,21 @@ def _pow10_ld() -> npt.NDArray[np.longdouble]:
     return np.array([np.longdouble(10**n) for n in range(25)], dtype=np.longdouble)
 
 
+def _nondigit_bits(lanes: U64) -> U64:
+    """Bit ``c`` set where byte ``c`` of the row's 4 lanes is not an ASCII digit."""
+    t = lanes ^ _ZEROS
+    high = np.uint64(0x8080808080808080)
+    flags = (((t & ~high) + np.uint64(0x7676767676767676)) | t) & high
+    packed = ((flags >> np.uint64(7)) * np.uint64(0x0102040810204080)) >> np.uint64(56)
+    return packed @ _LANE_SHIFTS
+
+
 def _logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDArray[np.float32]:
-    """The logprobs in ``[start, end)`` (right-aligned in ``number``), exact; _Defer on a rule."""
+    """The logprobs in ``[start, end)`` (right-aligned in ``number``), exact; FastPathDeferred on a rule."""
     length = end - start
     if length.min() < 1 or length.max() > 31:
-        raise _Defer
-    packed = np.packbits((number[:, :32] - np.uint8(0x30)) > 9, axis=1, bitorder="little")
-    bits = packed.view("<u4").ravel().astype(np.uint64) >> (32 - length).astype(np.uint64)
+        raise FastPathDeferred
+    bits = _nondigit_bits(number.view(np.uint64)[:, :4]) >> (32 - length).astype(np.uint64)
     flat, base = number.ravel(), np.arange(length.size) * number.shape[1]
     neg = flat[base + 32 - length] == 0x2D
     rest = bits & ~neg.astype(np.uint64)
@@ -458,7 +467,7 @@ def _logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDArray[n
     exact |= decided & proved
     _prove_extended(mantissa, frac_len, magnitude, fast & ~clinger & ~decided, (decided, exact))
     if np.any(fast & ~exact & (clinger | decided)) or np.any(fast & ~neg & (mantissa != 0)):
-        raise _Defer
+        raise FastPathDeferred
     values: npt.NDArray[np.float32] = np.where(neg, -magnitude, magnitude).astype(np.float32)
     values[~neg | (~is_float & (mantissa == 0))] = 0.0
     for row in np.flatnonzero(~exact).tolist():
@@ -470,13 +479,13 @@ def _slow_logprob(text: bytes) -> float:
     """One number the vectorized path left undecided, with Python's exact ``float``."""
     match = _JSON_NUMBER.fullmatch(text)
     if match is None:
-        raise _Defer
+        raise FastPathDeferred
     try:
         value = float(text) if match.group(1) or match.group(2) else float(int(text))
     except (OverflowError, ValueError) as exc:
-        raise _Defer from exc
+        raise FastPathDeferred from exc
     if not (-np.inf < value <= 0.0) or float(np.float32(value)) != value:
-        raise _Defer
+        raise FastPathDeferred
     return value
 
 
@@ -517,11 +526,11 @@ def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns:
     starts = np.flatnonzero(np.concatenate(out.row_starts)) if out.row_starts else _NO_ROWS
     offsets = np.append(starts, ids.size).astype(np.int64)
     if starts.size != limits.rows:
-        raise _Defer
+        raise FastPathDeferred
     if starts.size and int(np.diff(offsets).max()) > limits.k + 1:
-        raise _Defer
+        raise FastPathDeferred
     if first_duplicate(ids, offsets) is not None:
-        raise _Defer
+        raise FastPathDeferred
     columns = PromptLogprobColumns(
         ids=array("i"), logprobs=array("f"), ranks=array("i"), offsets=array("q")
     )

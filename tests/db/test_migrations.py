@@ -124,7 +124,7 @@ def test_history_is_linear_with_a_single_head() -> None:
     # walk_revisions goes head to base: each revises the next one.
     for newer, older in itertools.pairwise(revisions):
         assert newer.down_revision == older.revision
-    assert revisions[-1].revision == "0001_initial"
+    assert [r.revision for r in revisions[-2:]] == ["0001_initial", "0000_legacy_base"]
     assert head_revision() == revisions[0].revision
 
 

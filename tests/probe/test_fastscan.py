@@ -25,7 +25,12 @@ from hypothesis import strategies as st
 
 from kiln_registry.errors import ProbeFailed
 from kiln_registry.probe import fastscan
-from kiln_registry.probe.fastscan import first_duplicate, parse_completion_fast, scan_completion
+from kiln_registry.probe.fastscan import (
+    FastPathDeferred,
+    first_duplicate,
+    parse_completion_fast,
+    scan_completion,
+)
 from kiln_registry.probe.parse import ParsedCompletion, parse_completion
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "vllm_responses"
@@ -60,7 +65,7 @@ def fast_taken(body: bytes, args: Args) -> bool:
     """True when the fast path decided alone; then it must equal the strict parser."""
     try:
         fast = outcome(scan_completion, body, args)
-    except fastscan._Defer:
+    except FastPathDeferred:
         assert outcome(parse_completion_fast, body, args) == outcome(parse_completion, body, args)
         return False
     assert fast == outcome(parse_completion, body, args)
