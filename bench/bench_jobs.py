@@ -100,6 +100,19 @@ async def direct(url: str, seqs: list[list[int]], k: int, concurrency: int) -> f
         return time.perf_counter() - start_s
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a child process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(pids: dict[str, int], work: Any) -> tuple[Any, dict[str, float]]:
+    """Run ``work()``; return its value and the CPU seconds each process spent meanwhile."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    value = work()
+    return value, {name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()}
+
+
 def _stamp(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
 
@@ -146,10 +159,15 @@ def main() -> None:
             reg = {"alias": "ref", "kind": "remote", "provider": "vllm", "model_id": MODEL_ID,
                    "url": t_url}  # fmt: skip
             assert httpx.post(url + "/v1/teachers", json=reg, timeout=60).status_code == 200
+            pids = {"teacher": t_proc.pid, "registry": r_proc.pid, "bench": os.getpid()}
             asyncio.run(direct(t_url, seqs[:200], args.k, args.concurrency))  # warm-up
-            direct_1 = asyncio.run(direct(t_url, seqs, args.k, args.concurrency))
-            cold = run_job(url, args.k)
-            direct_2 = asyncio.run(direct(t_url, seqs, args.k, args.concurrency))
+
+            def send() -> float:
+                return asyncio.run(direct(t_url, seqs, args.k, args.concurrency))
+
+            direct_1, cpu_direct = measured(pids, send)
+            cold, cpu_cold = measured(pids, lambda: run_job(url, args.k))
+            direct_2, _ = measured(pids, send)
             cached = run_job(url, args.k)
         finally:
             for proc in (r_proc, t_proc):
@@ -170,6 +188,8 @@ def main() -> None:
         "cached_speedup": round(cold["seconds"] / cached["seconds"], 1),
         "cold_progress": cold["progress"], "cached_progress": cached["progress"],
         "result_bytes": cold["result"]["bytes"],
+        "cpu_seconds_direct": cpu_direct, "cpu_seconds_cold_job": cpu_cold,
+        "load_average": os.getloadavg(),
         "targets": {"cached_speedup": ">= 50", "cold_vs_capacity": ">= 0.9"},
     }  # fmt: skip
     print(json.dumps(report, indent=2))

@@ -5,8 +5,11 @@ The order is the fail-closed order: the configuration (with any ``--host`` /
 and every secret variable are checked before anything is opened; logging is
 configured with secret redaction; the student is loaded with the
 ``tokenizers`` library (no torch); the database is upgraded to head in one
-transaction (a newer revision is refused); only then does the server bind
-its port.
+transaction (a newer revision is refused); local aliases are marked
+unavailable (``local.service.reconcile_at_startup``); only then does the
+server bind its port.  On exit (uvicorn handles SIGINT/SIGTERM) the context
+closes, which drains every local teacher's process group and removes its
+snapshot and cache.
 
 Imports the configuration, credential redaction, database, model and probe
 layers and (inside ``run_server``) uvicorn and the API app; nothing happens
@@ -18,8 +21,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,6 +36,8 @@ from kiln_registry.credentials.redaction import install_redaction
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.errors import ConfigError
 from kiln_registry.legacy_registry import import_configured_legacy_registry
+from kiln_registry.local.manager import Prepare
+from kiln_registry.local.service import LocalRegistryContext, new_manager, reconcile_at_startup
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.probe.verify import StudentView
 
@@ -80,8 +88,12 @@ def _database_path(path: Path) -> Path:
     return path
 
 
-def build_context(config: KilnConfig) -> RegistryContext:
-    """Load the student, open and upgrade the database; nothing is bound yet."""
+def build_context(config: KilnConfig, *, local_prepare: Prepare | None = None) -> RegistryContext:
+    """Load the student, open and upgrade the database, mark local aliases unavailable.
+
+    The context owns the local-teacher manager (``local_prepare`` replaces the
+    launcher library, for tests); ``ctx.close()`` drains it.  Nothing is bound yet.
+    """
     vocab_sha256, width = student_vocab(config.student.model_path)
     engine = open_engine(_database_path(config.server.database))
     try:
@@ -90,13 +102,21 @@ def build_context(config: KilnConfig) -> RegistryContext:
     except BaseException:
         engine.dispose()
         raise
-    return RegistryContext(
+    ctx = LocalRegistryContext(
         config=config,
         engine=engine,
         sessions=session_factory(engine),
         student=StudentView(tokenizer_vocab_sha256=vocab_sha256, model_width=width),
         database_revision=revision,
+        local_teachers=new_manager(config, os.environ, local_prepare),
     )
+    try:
+        for alias in reconcile_at_startup(ctx):
+            log.info("local teacher %s is unavailable until relaunched", alias)
+    except BaseException:
+        ctx.close()
+        raise
+    return ctx
 
 
 def _override_error(config_path: Path, exc: ValidationError) -> ConfigError:
@@ -139,8 +159,14 @@ def prepare(config_path: Path, *, host: str | None, port: int | None) -> KilnCon
     return config
 
 
-def run_server(config_path: Path, *, host: str | None = None, port: int | None = None) -> None:
-    """``kiln serve``: blocks until SIGINT/SIGTERM."""
+def run_server(
+    config_path: Path,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    local_prepare: Prepare | None = None,
+) -> None:
+    """``kiln serve``: blocks until SIGINT/SIGTERM, then drains the local teachers."""
     import uvicorn
 
     from kiln_registry.api.app import create_app
@@ -148,7 +174,7 @@ def run_server(config_path: Path, *, host: str | None = None, port: int | None =
     config = prepare(config_path, host=host, port=port)
     server = config.server
     configure_logging(server.log_format, config.secret_env_names(), server.log_level)
-    ctx = build_context(config)
+    ctx = build_context(config, local_prepare=local_prepare)
     log.info(
         "kiln-registry serving on %s:%d (database %s at revision %s, student width %d)",
         server.host,
@@ -157,15 +183,66 @@ def run_server(config_path: Path, *, host: str | None = None, port: int | None =
         ctx.database_revision,
         ctx.student.model_width,
     )
-    try:
-        uvicorn.run(
-            create_app(ctx),
-            host=server.host,
-            port=server.port,
-            log_config=None,
-            log_level=LOG_LEVELS[server.log_level],
-            server_header=False,
-            timeout_graceful_shutdown=10,
-        )
-    finally:
-        ctx.close()
+    with ExitSignals() as signals:
+        try:
+            uvicorn.run(
+                create_app(ctx),
+                host=server.host,
+                port=server.port,
+                log_config=None,
+                log_level=LOG_LEVELS[server.log_level],
+                server_header=False,
+                timeout_graceful_shutdown=10,
+            )
+        except ExitSignal:
+            pass
+        finally:
+            signals.record_only()
+            ctx.close()
+    signals.resend()
+
+
+class ExitSignal(BaseException):
+    """SIGINT/SIGTERM arrived outside uvicorn's own handling (see ``ExitSignals``)."""
+
+
+class ExitSignals:
+    """Make SIGINT/SIGTERM unwind ``run_server`` through ``ctx.close()``, then die of them.
+
+    uvicorn handles both signals while it serves, then restores the previous
+    handlers and raises the signal again; with the default handlers a SIGTERM
+    would kill the process before the local teachers are drained.  While
+    installed (main thread only), the first signal raises ``ExitSignal``;
+    during the drain (``record_only``) signals are only recorded; ``resend``
+    restores the old handlers and raises the first signal, so the exit status
+    stays the conventional one.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._raise = True
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> ExitSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self._raise:
+            self._raise = False
+            raise ExitSignal(signum)
+
+    def record_only(self) -> None:
+        self._raise = False
+
+    def resend(self) -> None:
+        if self.received:
+            signal.raise_signal(self.received[0])

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${KILN_CHECK_PYTHON:-.venv/bin/python}
 
+bash scripts/install-test-deps.sh
+
 "$PY" -m ruff check kiln_registry tests bench migrations
 "$PY" -m ruff format --check kiln_registry tests bench migrations
 "$PY" -m mypy

@@ -10,6 +10,10 @@ Concurrent probes are capped by the context's ``ProbeLimiter``; a request
 over the cap gets ``ProbeBusy`` (503, Retry-After) without touching the
 teacher.
 
+Kind ``local`` (launched by the registry) is delegated to
+``kiln_registry.local.service``, imported inside the functions because it
+builds on this module.
+
 Database work runs in worker threads (reads BEGIN DEFERRED, writes BEGIN
 IMMEDIATE) so a busy SQLite file never blocks the event loop; no session is
 held while a teacher is probed.  Probe reports are scrubbed of the current
@@ -199,13 +203,9 @@ async def _register(ctx: RegistryContext, req: RegisterTeacherRequest) -> Teache
     if req.kind is TeacherKind.fixture:
         return await run_in_threadpool(_persist, ctx, _fixture_row(req), None)
     if req.kind is TeacherKind.local:
-        raise RegistrationInvalid(
-            "kind 'local' (a teacher launched by the registry from [teachers.local.<profile>])"
-            " is not available in this release",
-            rule="teacher.kind_local",
-            hint="launch the teacher with kiln-teacher and register its loopback URL as"
-            " kind 'remote'",
-        )
+        from kiln_registry.local import service as local  # local imports this module
+
+        return await local.register_local(ctx, req)
     if req.url is None or req.model_id is None:  # the schema enforces both for 'remote'
         raise RegistrationInvalid("url and model_id are required for kind 'remote'")
     resolved = _resolve(ctx, req.url, req.credential_id)
@@ -258,10 +258,21 @@ async def teacher_json(ctx: RegistryContext, alias: str) -> bytes:
 
 
 def delete_teacher(ctx: RegistryContext, alias: str) -> DeleteTeacherResponse:
+    """Stop the alias's local teacher, if one runs here, then remove the alias."""
+    from kiln_registry.local import service as local  # local imports this module
+
+    local.stop_before_delete(ctx, alias)
     with ctx.writing() as session:
         if not TeacherRepository(session).delete(alias):
             raise TeacherNotFound(f"teacher alias {alias!r} is not registered")
     return DeleteTeacherResponse(alias=alias)
+
+
+async def launch_teacher(ctx: RegistryContext, alias: str) -> TeacherEntry:
+    """Relaunch a local alias; it must reproduce its stored identity."""
+    from kiln_registry.local import service as local  # local imports this module
+
+    return await local.relaunch_local(ctx, alias)
 
 
 def require_identity(row: TeacherRow) -> TeacherIdentity:

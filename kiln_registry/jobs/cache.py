@@ -71,24 +71,19 @@ def check_identity_digest(value: str) -> str:
     return digest
 
 
-def _decode(row: ScoreCacheRow) -> ScoredSequence:
-    n, k = row.row_count, row.top_k
-    ok = (
-        n >= 1
-        and len(row.topk_ids) == n * k * 4
-        and len(row.topk_logprobs) == n * k * 4
-        and len(row.token_logprobs) == (n - 1) * 4
-    )
-    if not ok:
+def _decode(
+    digest: str, k: int, sha: str, n: int, ids: bytes, lps: bytes, own: bytes
+) -> ScoredSequence:
+    if not (n >= 1 and len(ids) == len(lps) == n * k * 4 and len(own) == (n - 1) * 4):
         raise JobConflict(
-            f"score cache row for {row.token_sha256[:16]}... does not decode",
+            f"score cache row for {sha[:16]}... does not decode",
             rule="cache.corrupt",
-            hint=f"run `kiln cache prune --identity {row.identity_digest}`",
+            hint=f"run `kiln cache prune --identity {digest}`",
         )
     return ScoredSequence(
-        topk_ids=np.frombuffer(row.topk_ids, dtype="<i4").reshape(n, k),
-        topk_logprobs=np.frombuffer(row.topk_logprobs, dtype="<f4").reshape(n, k),
-        token_logprobs=np.frombuffer(row.token_logprobs, dtype="<f4"),
+        topk_ids=np.frombuffer(ids, dtype="<i4").reshape(n, k),
+        topk_logprobs=np.frombuffer(lps, dtype="<f4").reshape(n, k),
+        token_logprobs=np.frombuffer(own, dtype="<f4"),
     )
 
 
@@ -104,15 +99,22 @@ def lookup(
     """The cached scores among ``shas`` for this identity and K."""
     _deferred(session)
     found: dict[str, ScoredSequence] = {}
+    columns = (
+        ScoreCacheRow.token_sha256,
+        ScoreCacheRow.row_count,
+        ScoreCacheRow.topk_ids,
+        ScoreCacheRow.topk_logprobs,
+        ScoreCacheRow.token_logprobs,
+    )
     for start in range(0, len(shas), LOOKUP_CHUNK):
         chunk = list(set(shas[start : start + LOOKUP_CHUNK]))
-        query = select(ScoreCacheRow).where(
+        query = select(*columns).where(
             ScoreCacheRow.identity_digest == identity_digest,
             ScoreCacheRow.top_k == k,
             ScoreCacheRow.token_sha256.in_(chunk),
         )
-        for row in session.scalars(query):
-            found[row.token_sha256] = _decode(row)
+        for sha, n, ids, lps, own in session.execute(query):
+            found[sha] = _decode(identity_digest, k, sha, n, ids, lps, own)
     return found
 
 

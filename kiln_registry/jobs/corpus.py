@@ -56,30 +56,45 @@ def off_policy_manifest(identity: TeacherIdentity) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RowContext:
+    """The fields every row of one job repeats, and their encoded prefix."""
+
     job_id: str
     teacher: str
     identity: TeacherIdentity
     top_k: int
 
+    def prefix(self) -> bytes:
+        """``{"format":...,"top_k":K,`` : the constant head of every row."""
+        head = {
+            "format": ROW_FORMAT,
+            "job_id": self.job_id,
+            "teacher": self.teacher,
+            "identity_digest": self.identity.digest(),
+            "top_k": self.top_k,
+        }
+        return orjson.dumps(head)[:-1] + b","
+
+
+_NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
+
 
 def encode_row(
-    ctx: RowContext, seq_id: str, tokens: np.ndarray[Any, Any], scored: ScoredSequence
+    prefix: bytes,
+    seq_id: str,
+    tokens: np.ndarray[Any, Any],
+    scored: ScoredSequence,
+    sha256: str | None = None,
 ) -> bytes:
-    """One corpus line (with its newline) for a scored sequence."""
-    row = {
-        "format": ROW_FORMAT,
-        "job_id": ctx.job_id,
-        "teacher": ctx.teacher,
-        "identity_digest": ctx.identity.digest(),
-        "top_k": ctx.top_k,
+    """One corpus line (with its newline); ``prefix`` is ``RowContext.prefix()``."""
+    tail = {
         "id": seq_id,
-        "token_ids_sha256": token_ids_sha256(tokens),
+        "token_ids_sha256": sha256 or token_ids_sha256(tokens),
         "token_ids": np.ascontiguousarray(tokens, dtype=np.int32),
         "topk_ids": np.ascontiguousarray(scored.topk_ids, dtype=np.int32),
         "topk_logprobs": np.ascontiguousarray(scored.topk_logprobs, dtype=np.float32),
         "token_logprobs": np.ascontiguousarray(scored.token_logprobs, dtype=np.float32),
     }
-    return orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+    return prefix + orjson.dumps(tail, option=_NUMPY | orjson.OPT_APPEND_NEWLINE)[1:]
 
 
 class CorpusWriter:
@@ -89,6 +104,7 @@ class CorpusWriter:
         self.final = final
         self.partial = final.with_name(f".{final.name}.partial")
         self.ctx = ctx
+        self._prefix = ctx.prefix()
         self.sha256 = hashlib.sha256()
         self.bytes = 0
         self.lines = 0
@@ -103,8 +119,15 @@ class CorpusWriter:
         self.bytes += len(data)
         self.lines += 1
 
-    def write(self, seq_id: str, tokens: np.ndarray[Any, Any], scored: ScoredSequence) -> None:
-        self._write(encode_row(self.ctx, seq_id, tokens, scored))
+    def write(
+        self,
+        seq_id: str,
+        tokens: np.ndarray[Any, Any],
+        scored: ScoredSequence,
+        sha256: str | None = None,
+    ) -> None:
+        """Append one row; ``sha256`` of the ids when the caller already has it."""
+        self._write(encode_row(self._prefix, seq_id, tokens, scored, sha256))
 
     def commit(self) -> tuple[str, int]:
         """fsync, rename over ``final``, fsync the directory; return (sha256, bytes)."""

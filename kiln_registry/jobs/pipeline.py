@@ -29,8 +29,7 @@ from kiln_registry.jobs import cache as score_cache
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.corpus import CorpusWriter, RowContext
 from kiln_registry.jobs.leases import DeviceLeases
-from kiln_registry.jobs.models import JobSequenceRow
-from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.repository import JobRepository, SequenceItem
 from kiln_registry.jobs.scoring import ScoringTarget, score_sequence
 from kiln_registry.jobs.service import result_root
 from kiln_registry.jobs.state import ClaimedJob, ClaimLost
@@ -43,7 +42,7 @@ FLUSH_SECONDS: Final = 0.5
 
 Tokens = npt.NDArray[np.int32]
 # A sequence in the reorder window: its row, its ids, and its scores or the task scoring it.
-Item = tuple[JobSequenceRow, Tokens, "ScoredSequence | asyncio.Task[ScoredSequence]"]
+Item = tuple[SequenceItem, Tokens, "ScoredSequence | asyncio.Task[ScoredSequence]"]
 
 
 class _Abandoned(Exception):
@@ -87,13 +86,12 @@ class ScoringPipeline:
             after = rows[-1].idx
         await self._publish()
 
-    def _page(self, after: int) -> tuple[list[JobSequenceRow], dict[str, ScoredSequence]]:
+    def _page(self, after: int) -> tuple[list[SequenceItem], dict[str, ScoredSequence]]:
         sessions = self.claimed.env.sessions
         with unit_of_work(sessions) as session:
             rows = JobRepository(session).sequences(
                 self.claimed.job.id, after=after, limit=PAGE_SIZE
             )
-            session.expunge_all()
         if not self.use_cache or not rows:
             return rows, {}
         with unit_of_work(sessions) as session:
@@ -135,9 +133,7 @@ class ScoringPipeline:
     def _count_retry(self) -> None:
         self.claimed.progress.retries += 1
 
-    async def _score_page(
-        self, rows: list[JobSequenceRow], hits: dict[str, ScoredSequence]
-    ) -> None:
+    async def _score_page(self, rows: list[SequenceItem], hits: dict[str, ScoredSequence]) -> None:
         queue: deque[Item] = deque()
         try:
             for row in rows:
@@ -171,7 +167,7 @@ class ScoringPipeline:
             progress.cache_hits += 1
         queue.popleft()
         assert self.writer is not None
-        self.writer.write(row.seq_id, tokens, scored)
+        self.writer.write(row.seq_id, tokens, scored, row.token_sha256)
         due = time.monotonic() - progress.flushed_at > FLUSH_SECONDS
         if len(progress.pending) >= FLUSH_ROWS or due:
             await asyncio.to_thread(self._flush)

@@ -17,7 +17,7 @@ timestamp), ``jobs.models`` and ``kiln_registry.errors``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 from sqlalchemy import CursorResult, insert, select, update
 from sqlalchemy.orm import Session
@@ -45,6 +45,15 @@ _RESET_PHASES: Final = {
     "requests_sent": 0,
     "retries": 0,
 }
+
+
+class SequenceItem(NamedTuple):
+    """One stored input sequence: its position, id, int32 LE ids and their SHA-256."""
+
+    idx: int
+    seq_id: str
+    token_ids: bytes
+    token_sha256: str
 
 
 def _rowcount(result: object) -> int:
@@ -205,14 +214,19 @@ class JobRepository:
         )
         return _rowcount(self._session.execute(stmt)) == 1
 
-    def sequences(self, job_id: str, *, after: int, limit: int) -> list[JobSequenceRow]:
+    def sequences(self, job_id: str, *, after: int, limit: int) -> list[SequenceItem]:
         """Sequences with ``idx > after`` in order, at most ``limit`` (<= ``MAX_PAGE``)."""
         if not 1 <= limit <= MAX_PAGE:
             raise InputError(f"limit must be 1..{MAX_PAGE}", rule="db.limit")
         query = (
-            select(JobSequenceRow)
+            select(
+                JobSequenceRow.idx,
+                JobSequenceRow.seq_id,
+                JobSequenceRow.token_ids,
+                JobSequenceRow.token_sha256,
+            )
             .where(JobSequenceRow.job_id == job_id, JobSequenceRow.idx > after)
             .order_by(JobSequenceRow.idx)
             .limit(limit)
         )
-        return list(self._session.scalars(query))
+        return [SequenceItem(*row) for row in self._session.execute(query)]

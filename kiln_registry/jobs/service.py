@@ -71,9 +71,14 @@ class PinnedTeacher:
         return TeacherIdentity.from_mapping(json.loads(self.identity_json))
 
 
+def result_dir(config: KilnConfig) -> Path:
+    """``[jobs] result_root``, or ``job-results`` beside the database."""
+    return config.jobs.result_root or config.server.database.parent / RESULT_DIR_NAME
+
+
 def result_root(config: KilnConfig) -> Path:
-    """``[jobs] result_root``, or ``job-results`` beside the database; created 0700."""
-    root = config.jobs.result_root or config.server.database.parent / RESULT_DIR_NAME
+    """``result_dir``, created (mode 0700) when a job first writes a corpus."""
+    root = result_dir(config)
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return root
 

@@ -27,7 +27,7 @@ from kiln_registry.jobs.leases import DeviceLeases
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.runner import JobRun
-from kiln_registry.jobs.service import result_root
+from kiln_registry.jobs.service import result_dir
 from kiln_registry.jobs.state import JobEnvironment
 
 log = logging.getLogger("kiln_registry.jobs")
@@ -50,7 +50,7 @@ class JobWorkers:
         with unit_of_work(self.env.sessions) as session:
             requeued = JobRepository(session).requeue_interrupted()
             DeviceLeases(session, self.env.config.jobs.devices).release_all()
-        root = result_root(self.env.config)
+        root = result_dir(self.env.config)
         for job_id in requeued:
             (root / f".{job_id}.jsonl.partial").unlink(missing_ok=True)
         return requeued

@@ -259,7 +259,7 @@ def _progress(phase: str, done: int, total: int) -> None:
 def _cleanup(argv: Sequence[str], env: Mapping[str, str]) -> int:
     from kiln_registry.launcher.cleanup import cleanup_main
 
-    return cleanup_main(list(argv))
+    return cleanup_main(list(argv), env)
 
 
 def _qualify(argv: Sequence[str], env: Mapping[str, str]) -> int:

@@ -22,7 +22,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -191,8 +191,8 @@ def run_parallel(
         pending: dict[Future[R], int] = {executor.submit(work, jobs[i]): i for i in order}
         try:
             while pending:
-                done, _ = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in sorted(done, key=lambda f: pending[f]):
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
                     index = pending.pop(future)
                     results[index] = future.result()
                     on_done(jobs[index], results[index])

@@ -327,7 +327,12 @@ def prepare_launch(
     created: list[object] = []
     try:
         snapshot = stage_snapshot(
-            model_path, request.adapter_path, snapshot_root, limiter=limiter, progress=progress
+            model_path,
+            request.adapter_path,
+            snapshot_root,
+            limiter=limiter,
+            progress=progress,
+            cache_root=cache_root,
         )
         created.append(snapshot)
         model = staged_model_part(snapshot, limiter=limiter)

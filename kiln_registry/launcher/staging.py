@@ -9,8 +9,9 @@ snapshot root secured and opened; both trees inventoried with aggregate
 bounds; free bytes and inodes for a full copy plus headroom checked (even
 where reflinks would need less); ``.building-<pid>-<hex>`` made under the open
 root descriptor with an owner record; each file copied (reflink or copy),
-fsynced, source and destination hashed for the initially observed length, the
-source's identity rechecked; the sources re-inventoried; the section 5
+source and destination hashed for the initially observed length, fsynced
+(after the destination hash, which then overlaps write-back), the source's
+identity rechecked; the sources re-inventoried; the section 5
 manifest written ``O_EXCL``; directories sealed 0500 bottom up (files are
 0400 as soon as they are verified); the tree re-enumerated and re-hashed;
 renamed to ``ready-<pid>-<hex>``; the root fsynced; verified again.  Any

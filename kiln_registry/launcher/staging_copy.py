@@ -3,9 +3,9 @@
 Owns ``populate``: the owner record, every directory (0700 while filling),
 every file (``stage_file``: open the source ``O_NOFOLLOW`` and require the
 inventoried (dev, ino, size, mtime_ns); create the destination ``O_EXCL``
-relative to the building descriptor; reflink or copy; fsync; hash source and
-destination for the initially observed length; recheck the source on its
-descriptor and on its path; 0400), a re-inventory of the sources, the
+relative to the building descriptor; reflink or copy; hash source and
+destination for the initially observed length; 0400; fsync; recheck the
+source on its descriptor and on its path), a re-inventory of the sources, the
 section 5 manifest written ``O_EXCL`` (0400), and the seal (directories
 0500, fsynced, deepest first).
 
@@ -118,7 +118,8 @@ def stage_file(job: FileJob, building_fd: int, limiter: ReadRateLimiter) -> File
             raise fsops.io_error(exc, f"create the staged file {job.logical}") from None
         try:
             result = _fill(src_fd, dst_fd, job, limiter)
-            os.fsync(dst_fd)
+            # Hash the destination before fsync: the bytes read are the same (page
+            # cache either way) and hashing overlaps the kernel's write-back.
             staged = fsops.hash_fd(
                 dst_fd,
                 job.entry.size,
@@ -128,6 +129,7 @@ def stage_file(job: FileJob, building_fd: int, limiter: ReadRateLimiter) -> File
                 error=LauncherError,
             )
             os.fchmod(dst_fd, 0o400)
+            os.fsync(dst_fd)
         finally:
             os.close(dst_fd)
         _check_source_after(src_fd, job.source, job.entry)

@@ -9,10 +9,10 @@ vLLM and the reference teacher emit::
 
 (no white space, keys in that order, nothing else in a candidate).  Anything
 else -- another key order, white space, an unknown candidate key, a null row,
-an exponent the vectorized conversion cannot prove exact, any rule failure --
-makes the fast path defer to the strict parser, which then accepts or refuses
-with its own rule and message.  So the fast path never refuses on its own and
-accepts only bodies the strict parser accepts with identical columns:
+any rule failure -- raises ``FastPathDeferred`` inside and the strict parser
+decides, accepting or refusing with its own rule and message.  So the fast
+path never refuses on its own and accepts only bodies the strict parser
+accepts, with byte-identical columns:
 
 - every byte of the array is covered: candidates tile it contiguously, their
   ten unescaped quotes bound fixed templates, digit runs, a JSON number, and a
@@ -20,9 +20,11 @@ accepts only bodies the strict parser accepts with identical columns:
 - the envelope (everything but the array) is parsed by ``strict_loads`` with
   the array replaced by a unique float literal, which must come back as
   ``choices[0].prompt_logprobs``, so the cut is exactly that value;
-- logprobs are converted exactly: Clinger's fast path (mantissa < 2**53,
-  division by an exact power of ten), an integer proof that the decimal rounds
-  to the float32 candidate otherwise, and Python's ``float`` for the rest.
+- logprobs are converted exactly: Clinger's fast path (mantissa <= 2**53,
+  division by an exact power of ten); otherwise an integer proof, then a
+  64-bit-significand long-double bound, that the decimal rounds (float64) to
+  its float32 candidate; Python's ``float`` per number for what is left
+  (exponent forms, over 19 significant digits).
 
 Work is done in chunks of about ``CHUNK_BYTES`` so temporaries stay small; no
 Python object is made per candidate on the common path.  Imports numpy, the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import math
 import re
 from array import array
 from dataclasses import dataclass, field
@@ -53,7 +56,7 @@ from kiln_registry.probe.parse import (
     strict_loads,
 )
 
-CHUNK_BYTES = 1 << 22
+CHUNK_BYTES = 1 << 20
 _ARRAY_KEY = b'"prompt_logprobs":['
 _CUT_TEXT = "-0.0e-7777777"
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
@@ -158,13 +161,12 @@ class _Limits:
 
 @dataclass(slots=True)
 class _Out:
-    """Per-chunk results, joined once at the end."""
+    """The columns, appended chunk by chunk, and the row-start flags."""
 
-    ids: list[npt.NDArray[np.int32]] = field(default_factory=list)
-    logprobs: list[npt.NDArray[np.float32]] = field(default_factory=list)
-    ranks: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    ids: array[int] = field(default_factory=lambda: array("i"))
+    logprobs: array[float] = field(default_factory=lambda: array("f"))
+    ranks: array[int] = field(default_factory=lambda: array("i"))
     row_starts: list[npt.NDArray[np.bool_]] = field(default_factory=list)
-    count: int = 0
     new_row: bool = True
 
 
@@ -216,19 +218,23 @@ def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -
         size *= 2
     if not groups or quotes[0] != pos:
         raise FastPathDeferred
-    q = quotes[: groups * 10].reshape(groups, 10)
-    count, nxt, new_row, end = _gaps(arr, q[:, 9])
-    q = q[:count]
-    if np.any(q[1:, 0] != nxt[: count - 1]):
+    grouped = quotes[: groups * 10].reshape(groups, 10)
+    count, nxt, new_row, end = _gaps(arr, np.ascontiguousarray(grouped[:, 9]))
+    # The quotes that bound variable fields (the others sit in fixed templates):
+    # id open/close, "rank" open, "decoded_token" open, token string open/close.
+    q = np.ascontiguousarray(grouped[:count, [0, 1, 4, 6, 8, 9]].T)
+    if np.any(q[0, 1:] != nxt[: count - 1]):
         raise FastPathDeferred
-    out.count += count
-    if out.count > limits.max_candidates:
+    if len(out.ids) + count > limits.max_candidates:
         raise FastPathDeferred
     head, number, tail = _windows(arr, q)
-    _check_text(body, arr, pos, int(q[-1, 9]) + 1, escapes, q)
-    out.ids.append(_small_ints(head, q[:, 1] - q[:, 0] - 1, 0, limits.vocab - 1))
-    out.ranks.append(_small_ints(tail, q[:, 6] - q[:, 4] - 8, 1, limits.vocab))
-    out.logprobs.append(_logprobs(body, number, q[:, 1] + 13, q[:, 4] - 1))
+    _check_text(body, arr, pos, int(q[5, -1]) + 1, escapes, q)
+    ids = _small_ints(head, q[1] - q[0] - 1, 0, limits.vocab - 1)
+    ranks = _small_ints(tail, q[3] - q[2] - 8, 1, limits.vocab)
+    logprobs = _logprobs(body, number, q[1] + 13, q[2] - 1)
+    out.ids.frombytes(ids.data.cast("B"))
+    out.ranks.frombytes(ranks.data.cast("B"))
+    out.logprobs.frombytes(logprobs.data.cast("B"))
     starts = np.empty(count, dtype=bool)
     starts[0], starts[1:] = out.new_row, new_row[: count - 1]
     out.row_starts.append(starts)
@@ -243,16 +249,16 @@ def _window(arr: Bytes, starts: I64, width: int) -> Bytes:
     return np.ascontiguousarray(sliding_window_view(arr, width)[starts])
 
 
-def _windows(arr: Bytes, q: I64) -> tuple[U64, Bytes, U64]:
+def _windows(arr: Bytes, q: npt.NDArray[np.int64]) -> tuple[U64, Bytes, U64]:
     """The fixed-width byte windows of each candidate, their templates checked.
 
     ``head`` (3 lanes): 8 bytes before the id's closing quote, ``":{"logprob":``;
     ``number`` (40 bytes): the 32 bytes ending at the logprob, ``,"rank":``;
     ``tail`` (4 lanes): 8 bytes before ``,"decoded_token":"``, that template.
     """
-    head = _window(arr, q[:, 1] - 8, 24).view(np.uint64)
-    number = _window(arr, q[:, 4] - 33, 40)
-    tail = _window(arr, q[:, 6] - 9, 32).view(np.uint64)
+    head = _window(arr, q[1] - 8, 24).view(np.uint64)
+    number = _window(arr, q[2] - 33, 40)
+    tail = _window(arr, q[3] - 9, 32).view(np.uint64)
     bad = (head[:, 1] != _T1[0]) | ((head[:, 2] & _T1[2]) != _T1[1])
     bad |= number.view(np.uint64)[:, 4] != _T2
     bad |= (tail[:, 1] != _T3[0]) | (tail[:, 2] != _T3[1]) | ((tail[:, 3] & _T3[3]) != _T3[2])
@@ -268,7 +274,7 @@ def _gaps(arr: Bytes, q9: I64) -> tuple[int, I64, npt.NDArray[np.bool_], int]:
     array end or 0); groups after the end are the envelope's quotes.  The
     quote that opens the next candidate is checked by the caller's links.
     """
-    usable = q9[q9 + 6 <= arr.size]
+    usable = q9 if q9[-1] + 6 <= arr.size else q9[q9 + 6 <= arr.size]
     close, second, third = arr[usable + 1] == 0x7D, arr[usable + 2], arr[usable + 3]
     same = close & (second == 0x2C)
     new = close & (second == 0x7D) & (third == 0x2C) & (arr[usable + 4] == 0x7B)
@@ -297,8 +303,8 @@ def _check_text(body: bytes, arr: Bytes, pos: int, last: int, escapes: I64, q: I
     escapes = escapes[escapes < last]
     if not escapes.size:
         return
-    owner = np.searchsorted(q[:, 9], escapes)
-    if owner.max() >= q.shape[0] or np.any(q[owner, 8] >= escapes):
+    owner = np.searchsorted(q[5], escapes)
+    if owner.max() >= q.shape[1] or np.any(q[4, owner] >= escapes):
         raise FastPathDeferred
     kinds = arr[escapes + 1]
     if not _ESCAPABLE[kinds].all():
@@ -437,7 +443,7 @@ def _nondigit_bits(lanes: U64) -> U64:
 
 
 def _logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDArray[np.float32]:
-    """The logprobs in ``[start, end)`` (right-aligned in ``number``), exact; FastPathDeferred on a rule."""
+    """The logprobs in ``[start, end)`` (right-aligned in ``number``), exact, or defer."""
     length = end - start
     if length.min() < 1 or length.max() > 31:
         raise FastPathDeferred
@@ -484,7 +490,7 @@ def _slow_logprob(text: bytes) -> float:
         value = float(text) if match.group(1) or match.group(2) else float(int(text))
     except (OverflowError, ValueError) as exc:
         raise FastPathDeferred from exc
-    if not (-np.inf < value <= 0.0) or float(np.float32(value)) != value:
+    if not (-math.inf < value <= 0.0) or array("f", [value])[0] != value:
         raise FastPathDeferred
     return value
 
@@ -521,23 +527,15 @@ def first_duplicate(ids: npt.NDArray[np.integer], offsets: I64) -> tuple[int, in
 
 
 def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns:
-    """Join the chunks, check the row count, widths and duplicate ids, and pack."""
-    ids = np.concatenate(out.ids) if out.ids else np.zeros(0, dtype=np.int32)
-    starts = np.flatnonzero(np.concatenate(out.row_starts)) if out.row_starts else _NO_ROWS
-    offsets = np.append(starts, ids.size).astype(np.int64)
-    if starts.size != limits.rows:
+    """Check the row count, widths and duplicate ids, and pack the columns."""
+    flags = np.concatenate(out.row_starts) if out.row_starts else np.zeros(0, dtype=bool)
+    offsets = np.append(np.flatnonzero(flags), len(out.ids)).astype(np.int64)
+    if offsets.size - 1 != limits.rows:
         raise FastPathDeferred
-    if starts.size and int(np.diff(offsets).max()) > limits.k + 1:
+    if offsets.size > 1 and int(np.diff(offsets).max()) > limits.k + 1:
         raise FastPathDeferred
-    if first_duplicate(ids, offsets) is not None:
+    if first_duplicate(np.frombuffer(out.ids, dtype=np.int32), offsets) is not None:
         raise FastPathDeferred
-    columns = PromptLogprobColumns(
-        ids=array("i"), logprobs=array("f"), ranks=array("i"), offsets=array("q")
-    )
-    columns.ids.frombytes(ids.data.cast("B"))
-    for lps in out.logprobs:
-        columns.logprobs.frombytes(lps.data.cast("B"))
-    for ranks in out.ranks:
-        columns.ranks.frombytes(ranks.data.cast("B"))
-    columns.offsets.frombytes(offsets.data.cast("B"))
-    return columns
+    packed = array("q")
+    packed.frombytes(offsets.data.cast("B"))
+    return PromptLogprobColumns(ids=out.ids, logprobs=out.logprobs, ranks=out.ranks, offsets=packed)

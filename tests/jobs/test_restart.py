@@ -110,3 +110,23 @@ def test_sigkill_mid_job_then_restart_requeues_and_finishes(
 def _partial_files(tmp_path: Path) -> list[Path]:
     results = tmp_path / "results"
     return list(results.glob(".*.partial")) if results.is_dir() else []
+
+
+def test_a_graceful_stop_requeues_the_running_job_and_the_next_start_finishes_it(
+    tmp_path: Path, tiny_model: TinyModel, student_vocab_sha256: str
+) -> None:
+    from tests.jobs.harness import make_config, running_registry
+
+    config = make_config(tmp_path, tiny_model.path, concurrency=1)
+    teacher = Controlled(student_identity(student_vocab_sha256), delay_s=0.02)
+    with TeacherServer(teacher) as srv:
+        with running_registry(config) as reg:
+            reg.register("t", f"http://127.0.0.1:{srv.port}", "teacher-tiny")
+            job_id = reg.submit("t", 2, sequences=SEQUENCES).json()["id"]
+            reg.wait(job_id, ("running",))
+        # The lifespan stopped the workers: the job went back to queued, lease released.
+        with running_registry(config) as reg:
+            job = reg.wait(job_id)
+    assert job["status"] == "succeeded" and job["attempts"] == 2
+    assert job["progress"]["done"] == len(SEQUENCES)
+    assert not _partial_files(tmp_path)

@@ -139,11 +139,11 @@ def test_every_pass_goes_through_the_shared_limiter(tmp_path: Path) -> None:
     limiter = unlimited()
     staged = stage_snapshot(model, None, tmp_path / "snaps", limiter=limiter)
     try:
-        # Copy path: source read while copying, destination hash, sealed re-hash, verify.
-        passes = 4 if staged.copied_files else 5
-        assert limiter.total_bytes == passes * staged.bytes_staged
+        # Source (read while copying, or hashed after a reflink), destination hash,
+        # sealed re-hash, verify after rename; then the pre-spawn verify.
+        assert limiter.total_bytes == 4 * staged.bytes_staged
         verify_snapshot(staged, limiter=limiter)
-        assert limiter.total_bytes == (passes + 1) * staged.bytes_staged
+        assert limiter.total_bytes == 5 * staged.bytes_staged
     finally:
         remove_snapshot(staged)
 

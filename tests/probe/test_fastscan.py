@@ -167,6 +167,8 @@ def test_number_forms(numbers: list[str], fast: bool) -> None:
         (["-0.1", "-0.5"], "probe.logprob_float32"),
         (["1.5", "-0.5"], "probe.logprob_positive"),
         (["-1e400", "-0.5"], "probe.logprob_finite"),
+        (["-1e39", "-0.5"], "probe.logprob_float32"),
+        (["-1e-50", "-0.5"], "probe.logprob_float32"),
         (["NaN", "-0.5"], "probe.json_constant"),
         (["-Infinity", "-0.5"], "probe.json_constant"),
         (["-01.5", "-0.5"], "probe.json"),

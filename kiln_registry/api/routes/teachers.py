@@ -1,4 +1,4 @@
-"""``/v1/teachers``: register, list, show, delete, re-probe, receipts."""
+"""``/v1/teachers``: register, list, show, delete, re-probe, relaunch (local), receipts."""
 
 from __future__ import annotations
 
@@ -32,7 +32,14 @@ async def list_teachers(ctx: Ctx) -> TeachersListResponse:
 
 @router.post("", operation_id="registerTeacher", response_model=TeacherEntry)
 async def register_teacher(body: RegisterTeacherRequest, ctx: Ctx) -> TeacherEntry:
-    """Probe the teacher (K=1, K=max_top_k, then the refused cap), then persist the alias."""
+    """Probe the teacher (K=1, K=max_top_k, then the refused cap), then persist the alias.
+
+    Kind `local`: `model_id` names a `[teachers.local.<profile>]` entry of the server's
+    kiln.toml (there is no separate `launch_profile` field).  The server stages the
+    snapshot, launches vLLM on `127.0.0.1:<port>` through its embedded launcher, waits
+    for readiness (the alias shows `unavailable` with progress in `status_message`
+    meanwhile), probes it, and persists the alias only when the probes pass.
+    """
     return await service.register_teacher(ctx, body)
 
 
@@ -53,6 +60,20 @@ async def delete_teacher(alias: Alias, ctx: Ctx) -> DeleteTeacherResponse:
 async def probe_teacher(alias: Alias, ctx: Ctx) -> ProbeReportPublic:
     """Re-run both probes against the stored identity; the alias is not changed."""
     return await service.reprobe_teacher(ctx, alias)
+
+
+@router.post("/{alias}/launch", operation_id="launchTeacher", response_model=TeacherEntry)
+async def launch_teacher(alias: Alias, ctx: Ctx) -> TeacherEntry:
+    """Relaunch an `unavailable` kind-`local` alias from its `[teachers.local.<profile>]`.
+
+    The profile is the one the alias was registered with (registration's `model_id`
+    names it).  The launcher's identity must equal the stored one before vLLM is
+    spawned, and the probes are pinned to it; otherwise the alias stays `unavailable`
+    and the error is `teacher_identity_mismatch`.  Waits for readiness up to the
+    profile's `ready_deadline_s`; progress shows in `status_message`.  A running alias
+    is returned unchanged.
+    """
+    return await service.launch_teacher(ctx, alias)
 
 
 @router.get(

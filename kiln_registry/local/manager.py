@@ -1,0 +1,375 @@
+"""The registry's local-teacher manager: one supervised vLLM process group per local alias.
+
+Owns ``LocalTeachers``: which alias runs (or is launching) under which
+profile, the launch itself (prepare -> optional identity pin -> spawn ->
+readiness), stopping one alias, and draining everything at shutdown.  The
+launch goes through the embedded launcher library (``launcher.launch``:
+staged snapshot, private cache, runtime recheck, process group), never a
+shell-out to ``kiln-teacher``; the snapshot and cache are removed on every
+exit path, because every path ends in ``RunningTeacher.stop`` or
+``PreparedTeacher.close``.
+
+Decisions:
+
+* A profile is turned into ``kiln-teacher`` flags and parsed by the
+  launcher's own policy (``parse_launcher_argv``), so a profile launch and a
+  CLI launch are validated by the same code.  The host is always
+  ``127.0.0.1`` and the port is the profile's.
+* The child environment is the server's, minus the configured credential
+  variables (a remote teacher's key never reaches vLLM) and minus
+  ``KILN_*``; the launcher's environment policy then refuses what it must.
+* One alias per profile at a time (they share a port), one launch per alias.
+  A conflicting request gets ``LocalTeacherBusy`` (409), before any work.
+* Shutdown sets a flag that the staging progress callback turns into an
+  exception (so staging unwinds through its own cleanup), stops every spawned
+  group, then waits (bounded) for launches in flight to finish unwinding.
+* ``prepare`` is injectable (a ``Prepare`` callable) so tests drive the
+  manager with a small real server instead of vLLM; the default is the
+  launcher library.
+
+Thread-safe; blocking (callers run it in worker threads).  Imports the
+standard library, ``kiln_registry.config``, ``kiln_registry.errors`` and the
+launcher library; never FastAPI, the database or torch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kiln_registry.config import LocalTeacherConfig
+from kiln_registry.errors import IdentityMismatch, KilnError, LauncherError, RegistrationInvalid
+from kiln_registry.launcher.policy import LauncherRequest, parse_launcher_argv
+
+LOOPBACK_HOST = "127.0.0.1"
+LAUNCHER_PREFIX = "KILN_"
+SHUTDOWN_WAIT_S = 120.0
+PROGRESS_INTERVAL_S = 1.0
+
+StatusSink = Callable[[str], None]
+
+
+class LocalTeacherBusy(KilnError):
+    """A launch, relaunch or delete collides with a launch in flight (409)."""
+
+    status = 409
+    code = "teacher_launch_conflict"
+
+
+class RunningTeacher(Protocol):
+    """A spawned teacher (the launcher's ``LaunchedTeacher``)."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    def wait_ready(self, deadline: float) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class PreparedTeacher(Protocol):
+    """A staged launch that has not spawned yet (the launcher's ``PreparedLaunch``)."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def spawn(self) -> RunningTeacher: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What ``prepare`` receives: the parsed request, the child environment, a progress hook."""
+
+    profile: str
+    request: LauncherRequest
+    environ: Mapping[str, str] = field(repr=False)
+    progress: Callable[[str, int, int], None] = field(repr=False)
+
+
+Prepare = Callable[[LaunchSpec], PreparedTeacher]
+
+
+def library_prepare(spec: LaunchSpec) -> PreparedTeacher:
+    """The real path: ``launcher.launch.prepare_launch`` (imported when first used)."""
+    from kiln_registry.launcher.launch import prepare_launch
+
+    return prepare_launch(spec.request, spec.environ, progress=spec.progress)
+
+
+def served_model_id(profile_name: str, profile: LocalTeacherConfig) -> str:
+    """The profile's ``served_model_id``, else the profile name."""
+    return profile.served_model_id or profile_name
+
+
+def launcher_argv(profile_name: str, profile: LocalTeacherConfig) -> list[str]:
+    """The ``kiln-teacher`` flags equivalent to a profile (host pinned to loopback)."""
+    argv = [
+        f"--model-path={profile.model_path}",
+        f"--snapshot-root={profile.snapshot_root}",
+        f"--cache-root={profile.cache_root}",
+        f"--served-model-id={served_model_id(profile_name, profile)}",
+        f"--max-top-k={profile.max_top_k}",
+        f"--max-model-len={profile.max_model_len}",
+    ]
+    if profile.adapter_path is not None:
+        argv.append(f"--adapter-path={profile.adapter_path}")
+    if profile.max_prompt_logprob_candidates is not None:
+        argv.append(f"--max-prompt-logprob-candidates={profile.max_prompt_logprob_candidates}")
+    if profile.max_provenance_read_mib_per_second is not None:
+        rate = profile.max_provenance_read_mib_per_second
+        argv.append(f"--max-provenance-read-mib-per-second={rate}")
+    return [*argv, "--", f"--host={LOOPBACK_HOST}", f"--port={profile.port}", *profile.vllm_args]
+
+
+def launch_environment(environ: Mapping[str, str], secret_names: frozenset[str]) -> dict[str, str]:
+    """The server's environment without credential variables and ``KILN_*``."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name not in secret_names and not name.startswith(LAUNCHER_PREFIX)
+    }
+
+
+@dataclass(eq=False)
+class _Slot:
+    alias: str
+    profile: str
+    handle: RunningTeacher | None = None
+    started: bool = False
+    ready: bool = False
+    stopped: bool = False
+    stop_lock: threading.Lock = field(default_factory=threading.Lock)
+    finished: threading.Event = field(default_factory=threading.Event)
+
+
+class LocalTeachers:
+    """The process groups of local aliases; see the module docstring."""
+
+    def __init__(
+        self,
+        profiles: Mapping[str, LocalTeacherConfig],
+        *,
+        environ: Mapping[str, str],
+        secret_names: frozenset[str] = frozenset(),
+        launch_deadline_s: float | None = None,
+        prepare: Prepare = library_prepare,
+    ) -> None:
+        self.profiles = dict(profiles)
+        self._environ = launch_environment(environ, secret_names)
+        self._launch_deadline_s = launch_deadline_s
+        self._prepare = prepare
+        self._lock = threading.Lock()
+        self._slots: dict[str, _Slot] = {}
+        self._closing = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"LocalTeachers(profiles={sorted(self.profiles)}, aliases={self.aliases()})"
+
+    # -- queries ------------------------------------------------------------------
+
+    def profile(self, name: str) -> LocalTeacherConfig:
+        found = self.profiles.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.profiles)[:20]) or "none"
+            raise RegistrationInvalid(
+                f"no [teachers.local.{name[:64]}] profile in kiln.toml (configured: {known})",
+                rule="teacher.local_profile_unknown",
+                hint="for kind 'local', model_id names a [teachers.local.<profile>] entry",
+            )
+        return found
+
+    def aliases(self) -> list[str]:
+        with self._lock:
+            return sorted(self._slots)
+
+    def is_running(self, alias: str) -> bool:
+        with self._lock:
+            slot = self._slots.get(alias)
+            return slot is not None and slot.ready and not slot.stopped
+
+    def is_launching(self, alias: str) -> bool:
+        with self._lock:
+            slot = self._slots.get(alias)
+            return slot is not None and not slot.ready
+
+    # -- launching ------------------------------------------------------------------
+
+    def reserve(self, alias: str, profile_name: str) -> None:
+        """Claim ``alias`` and its profile for a launch, or raise ``LocalTeacherBusy``."""
+        self.profile(profile_name)
+        with self._lock:
+            if self._closing.is_set():
+                raise LauncherError("the registry is shutting down", rule="local.shutting_down")
+            if alias in self._slots:
+                state = "running" if self._slots[alias].ready else "launching"
+                raise LocalTeacherBusy(f"local teacher {alias!r} is already {state}")
+            owner = next((s.alias for s in self._slots.values() if s.profile == profile_name), None)
+            if owner is not None:
+                raise LocalTeacherBusy(
+                    f"profile {profile_name!r} already serves alias {owner!r} on its port",
+                    hint="delete that alias first, or add another [teachers.local.<profile>]",
+                )
+            self._slots[alias] = _Slot(alias=alias, profile=profile_name)
+
+    def launch(
+        self, alias: str, *, expected_fingerprint: str | None, status: StatusSink
+    ) -> RunningTeacher:
+        """Stage, spawn and wait for readiness of a reserved alias (blocking).
+
+        With ``expected_fingerprint`` (a relaunch) the prepared identity must
+        equal it, or ``IdentityMismatch`` is raised before anything is spawned.
+        On any failure the group is drained and the slot released.
+        """
+        slot = self._slot(alias)
+        slot.started = True
+        started = time.monotonic()
+        try:
+            prepared = self._prepare_slot(slot, started, status)
+            handle = self._spawn(slot, prepared, expected_fingerprint)
+            ready_s = self.profile(slot.profile).ready_deadline_s
+            status(f"launching: vLLM started; waiting up to {ready_s:g} s for {handle.url}/health")
+            handle.wait_ready(self._ready_deadline(started, ready_s))
+            with self._lock:
+                if self._closing.is_set() or slot.stopped:
+                    raise LauncherError("the launch was stopped", rule="local.stopped")
+                slot.ready = True
+            return handle
+        except BaseException:
+            self._discard(slot)
+            raise
+        finally:
+            slot.finished.set()
+
+    def _prepare_slot(self, slot: _Slot, started: float, status: StatusSink) -> PreparedTeacher:
+        profile = self.profile(slot.profile)
+        request = parse_launcher_argv(launcher_argv(slot.profile, profile), {})
+        status("launching: staging the snapshot and measuring the runtime")
+        spec = LaunchSpec(slot.profile, request, self._environ, self._progress(started, status))
+        return self._prepare(spec)
+
+    def _progress(self, started: float, status: StatusSink) -> Callable[[str, int, int], None]:
+        last = [0.0]
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if self._closing.is_set():
+                raise LauncherError("the registry is shutting down", rule="local.shutting_down")
+            limit = self._launch_deadline_s
+            if limit is not None and time.monotonic() - started > limit:
+                raise LauncherError(
+                    f"the launch exceeded [server] local_launch_deadline_s "
+                    f"({limit:g} s) while staging",
+                    rule="local.launch_deadline",
+                )
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_INTERVAL_S or done >= total:
+                last[0] = now
+                status(f"launching: {phase} {done >> 20}/{total >> 20} MiB")
+
+        return progress
+
+    def _spawn(
+        self, slot: _Slot, prepared: PreparedTeacher, expected: str | None
+    ) -> RunningTeacher:
+        try:
+            if expected is not None and prepared.fingerprint != expected:
+                raise IdentityMismatch(
+                    f"relaunching {slot.alias!r} from profile {slot.profile!r} produced a "
+                    "different teacher identity than the stored one",
+                    rule="local.relaunch_identity",
+                    hint="restore the model, runtime and profile it was registered with, or "
+                    "delete the alias and register it again",
+                )
+            handle = prepared.spawn()
+        except BaseException:
+            prepared.close()
+            raise
+        with self._lock:
+            slot.handle = handle
+            closing = self._closing.is_set()
+        if closing:
+            raise LauncherError("the registry is shutting down", rule="local.shutting_down")
+        return handle
+
+    def _ready_deadline(self, started: float, ready_s: float) -> float:
+        deadline = time.monotonic() + ready_s
+        if self._launch_deadline_s is not None:
+            deadline = min(deadline, started + self._launch_deadline_s)
+        return deadline
+
+    # -- stopping -------------------------------------------------------------------
+
+    def _slot(self, alias: str) -> _Slot:
+        with self._lock:
+            slot = self._slots.get(alias)
+        if slot is None:
+            raise LauncherError(f"local teacher {alias!r} was not reserved", rule="local.internal")
+        return slot
+
+    def _stop_slot(self, slot: _Slot) -> None:
+        with slot.stop_lock:
+            if slot.stopped:
+                return
+            slot.stopped = True
+            if slot.handle is not None:
+                slot.handle.stop()
+
+    def _discard(self, slot: _Slot) -> None:
+        try:
+            self._stop_slot(slot)
+        finally:
+            with self._lock:
+                if self._slots.get(slot.alias) is slot:
+                    del self._slots[slot.alias]
+
+    def release(self, alias: str) -> None:
+        """Stop and forget ``alias`` whatever its state (a failed registration's cleanup)."""
+        with self._lock:
+            slot = self._slots.get(alias)
+        if slot is not None:
+            self._discard(slot)
+
+    def stop(self, alias: str) -> bool:
+        """Stop a running alias (drain, remove snapshot and cache); False if none runs.
+
+        ``LocalTeacherBusy`` while the alias is still launching.
+        """
+        with self._lock:
+            slot = self._slots.get(alias)
+            if slot is not None and not slot.ready:
+                raise LocalTeacherBusy(
+                    f"local teacher {alias!r} is launching; wait for it to finish",
+                    hint="retry when the registration or relaunch request has returned",
+                )
+        if slot is None:
+            return False
+        self._discard(slot)
+        return True
+
+    def shutdown(self, wait_s: float = SHUTDOWN_WAIT_S) -> None:
+        """Refuse new launches, stop every group, wait for launches to unwind."""
+        with self._lock:
+            self._closing.set()
+            slots = list(self._slots.values())
+        errors: list[BaseException] = []
+        for slot in slots:
+            try:
+                self._stop_slot(slot)
+            except (KilnError, OSError) as exc:
+                errors.append(exc)
+        deadline = time.monotonic() + wait_s
+        for slot in slots:
+            if slot.started and not slot.ready:
+                slot.finished.wait(max(0.0, deadline - time.monotonic()))
+            self._discard(slot)
+        if errors:
+            raise LauncherError(
+                f"stopping local teachers failed: {errors[0]}", rule="local.shutdown"
+            )

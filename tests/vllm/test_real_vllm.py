@@ -1,0 +1,117 @@
+"""Real vLLM (CPU build) end to end: launcher, registry, parity, local teachers, refusals.
+
+One ``kiln-teacher`` launch serves the first tests (session fixture); the
+adapter deployment, the stock vLLM and the registry's own local launch each
+need their own server.  See conftest.py for the skip/fail rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.launcher.launch import base_model_name
+from kiln_registry.parity import ParityOptions, ParityTarget, parity
+from kiln_registry.testing.tiny_models import TinyModel
+from tests.vllm.conftest import LOCAL_PROFILE, LOCAL_SERVED
+from tests.vllm.support import SERVED, Launched, Registry, launch, start_stock_vllm, stop
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+def remote(alias: str, url: str, model_id: str) -> dict[str, str]:
+    return {"alias": alias, "kind": "remote", "provider": "vllm", "url": url, "model_id": model_id}
+
+
+def test_launched_teacher_registers_with_the_launchers_identity(
+    launched: Launched, registry: Registry
+) -> None:
+    with registry.client() as http:
+        response = http.post("/v1/teachers", json=remote("vllm-tiny", launched.url + "/v1", SERVED))
+        assert response.status_code == 200, response.text
+        entry = http.get("/v1/teachers/vllm-tiny").json()
+    assert entry["status"] == "verified" and entry["usable"] is True
+    assert entry["identity_revision"] == "sha256:" + launched.announcement["identity_sha256"]
+    identity = verify_fingerprint(launched.announcement["fingerprint"])
+    assert entry["spec"]["identity"]["implementation"] == identity.implementation
+    assert identity.implementation.startswith("vllm:")
+    assert Path(launched.announcement["snapshot_path"]).parent == launched.snapshots
+
+
+def test_prompt_logprobs_equal_the_reference_teacher(
+    launched: Launched, reference_url: str
+) -> None:
+    options = ParityOptions(atol=1e-5, top_k=8, prompts=2)
+    report = parity(ParityTarget(launched.url), ParityTarget(reference_url), options)
+    assert report["grade"] in ("identical", "within_tolerance"), report
+    assert report["positions"] == ["first", "interior", "final"]
+    assert report["same_identity"] is False  # different implementations, same numbers
+
+
+def test_local_teacher_registers_through_the_server(registry: Registry) -> None:
+    snapshots, caches = registry.local_roots
+    body = {"alias": "local-tiny", "kind": "local", "provider": "vllm", "model_id": LOCAL_PROFILE}
+    with registry.client() as http:
+        response = http.post("/v1/teachers", json=body)
+        assert response.status_code == 200, response.text + registry.log.read_text()[-3000:]
+        entry = response.json()
+        assert entry["status"] == "verified" and entry["usable"] is True
+        assert entry["spec"]["model_id"] == LOCAL_SERVED and entry["spec"]["kind"] == "local"
+        assert entry["spec"]["identity"]["implementation"].startswith("vllm:")
+        assert len(os.listdir(snapshots)) == 1
+        assert http.delete("/v1/teachers/local-tiny").status_code == 200
+    assert os.listdir(snapshots) == []
+    assert [name for name in os.listdir(caches) if name != "attempts.jsonl"] == []
+
+
+def test_stock_vllm_is_refused(tiny_model: TinyModel, registry: Registry, tmp_path: Path) -> None:
+    proc, url = start_stock_vllm(tiny_model.path, tmp_path / "stock.log")
+    try:
+        with registry.client() as http:
+            response = http.post("/v1/teachers", json=remote("stock", url + "/v1", "stock"))
+            assert response.status_code == 502, response.text
+            assert response.json()["error"]["code"] == "teacher_identity_probe_failed"
+            assert "fingerprint" in response.json()["error"]["message"]
+            assert http.get("/v1/teachers/stock").status_code == 404
+    finally:
+        stop(proc)
+        with contextlib.suppress(ProcessLookupError):  # an engine process outliving its parent
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_adapter_base_alias_refused_and_sigint_leaves_nothing(
+    tiny_model: TinyModel, tiny_adapter: Path, registry: Registry, tmp_path: Path
+) -> None:
+    teacher = launch(tmp_path, tiny_model.path, served="tiny-lora", adapter=tiny_adapter)
+    try:
+        identity = verify_fingerprint(teacher.announcement["fingerprint"])
+        assert identity.adapter is not None
+        base = base_model_name(identity.base_model_sha256)
+        direct = httpx.post(
+            teacher.url + "/v1/completions",
+            json={"model": base, "prompt": [1, 2, 3], "max_tokens": 1, "prompt_logprobs": 1},
+            timeout=60,
+            trust_env=False,
+        )
+        assert direct.status_code in (400, 404), direct.text
+        with registry.client() as http:
+            refused = http.post("/v1/teachers", json=remote("lora-base", teacher.url + "/v1", base))
+            assert refused.status_code == 502, refused.text
+            assert http.get("/v1/teachers/lora-base").status_code == 404
+            served = http.post(
+                "/v1/teachers", json=remote("lora", teacher.url + "/v1", "tiny-lora")
+            )
+            assert served.status_code == 200, served.text
+            assert served.json()["spec"]["identity"]["adapter"]["name"] == "tiny-lora"
+    finally:
+        status = stop(teacher.proc, signal.SIGINT)
+    assert status == 128 + signal.SIGINT
+    assert teacher.leftovers() == []
+    with pytest.raises(httpx.TransportError):  # nothing listens on the port any more
+        httpx.get(teacher.url + "/health", timeout=2, trust_env=False)
