@@ -50,10 +50,23 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 def teacher(model: Path, tmp: Path, threads: int) -> tuple[subprocess.Popen[bytes], str]:
     proc = start(
-        ["reference-teacher", "--model-path", str(model), "--served-model-id", MODEL_ID,
-         "--max-top-k", "8", "--max-model-len", "64", "--port", "0", "--threads", str(threads)],
+        [
+            "reference-teacher",
+            "--model-path",
+            str(model),
+            "--served-model-id",
+            MODEL_ID,
+            "--max-top-k",
+            "8",
+            "--max-model-len",
+            "64",
+            "--port",
+            "0",
+            "--threads",
+            str(threads),
+        ],
         tmp / "teacher.log",
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     line = json.loads(proc.stdout.readline())
     return proc, str(line["url"])
@@ -87,8 +100,16 @@ async def direct(url: str, seqs: list[list[int]], k: int, concurrency: int) -> f
     gate = asyncio.Semaphore(concurrency)
 
     async def one(http: httpx.AsyncClient, seq: list[int]) -> None:
-        body = {"model": MODEL_ID, "prompt": [*seq, seq[-1]], "max_tokens": 1, "temperature": 0.0,
-                "prompt_logprobs": k, "n": 1, "stream": False, "add_special_tokens": False}  # fmt: skip
+        body = {
+            "model": MODEL_ID,
+            "prompt": [*seq, seq[-1]],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": k,
+            "n": 1,
+            "stream": False,
+            "add_special_tokens": False,
+        }
         async with gate:
             response = await http.post(url + "/v1/completions", json=body)
             assert response.status_code == 200 and response.content
@@ -118,12 +139,18 @@ def _stamp(text: str) -> float:
 
 
 def run_job(url: str, k: int) -> dict[str, Any]:
-    body = {"kind": "teacher_scoring", "teacher": "ref", "top_k": k,
-            "corpus": {"path": "bench.jsonl"}}  # fmt: skip
-    job = httpx.post(url + "/v1/jobs", json=body, timeout=120).json()
-    while job["status"] not in ("succeeded", "failed", "cancelled"):
-        time.sleep(0.2)  # timing comes from the server's own timestamps
-        job = httpx.get(f"{url}/v1/jobs/{job['id']}", timeout=30).json()
+    body = {
+        "kind": "teacher_scoring",
+        "teacher": "ref",
+        "top_k": k,
+        "corpus": {"path": "bench.jsonl"},
+    }
+    # One client for the whole poll: a new client per poll costs CPU the job needs.
+    with httpx.Client(base_url=url, timeout=120, trust_env=False) as http:
+        job = http.post("/v1/jobs", json=body).json()
+        while job["status"] not in ("succeeded", "failed", "cancelled"):
+            time.sleep(0.2)  # timing comes from the server's own timestamps
+            job = http.get(f"/v1/jobs/{job['id']}").json()
     assert job["status"] == "succeeded", job
     stamps = job["timestamps"]
     job["seconds"] = _stamp(stamps["finished_at"]) - _stamp(stamps["created_at"])
@@ -156,8 +183,13 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         r_proc = registry(config, tmp, url)
         try:
-            reg = {"alias": "ref", "kind": "remote", "provider": "vllm", "model_id": MODEL_ID,
-                   "url": t_url}  # fmt: skip
+            reg = {
+                "alias": "ref",
+                "kind": "remote",
+                "provider": "vllm",
+                "model_id": MODEL_ID,
+                "url": t_url,
+            }
             assert httpx.post(url + "/v1/teachers", json=reg, timeout=60).status_code == 200
             pids = {"teacher": t_proc.pid, "registry": r_proc.pid, "bench": os.getpid()}
             asyncio.run(direct(t_url, seqs[:200], args.k, args.concurrency))  # warm-up
@@ -176,9 +208,14 @@ def main() -> None:
     baseline = min(direct_1, direct_2)
     n = args.sequences
     report = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},  # fmt: skip
-        "sequences": n, "k": args.k, "concurrency": args.concurrency,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "sequences": n,
+        "k": args.k,
+        "concurrency": args.concurrency,
         "teacher_direct_seconds": [round(direct_1, 3), round(direct_2, 3)],
         "teacher_capacity_seq_per_s": round(n / baseline, 1),
         "cold_job_seconds": round(cold["seconds"], 3),
@@ -186,12 +223,14 @@ def main() -> None:
         "cold_vs_capacity": round(baseline / cold["seconds"], 3),
         "cached_job_seconds": round(cached["seconds"], 3),
         "cached_speedup": round(cold["seconds"] / cached["seconds"], 1),
-        "cold_progress": cold["progress"], "cached_progress": cached["progress"],
+        "cold_progress": cold["progress"],
+        "cached_progress": cached["progress"],
         "result_bytes": cold["result"]["bytes"],
-        "cpu_seconds_direct": cpu_direct, "cpu_seconds_cold_job": cpu_cold,
+        "cpu_seconds_direct": cpu_direct,
+        "cpu_seconds_cold_job": cpu_cold,
         "load_average": os.getloadavg(),
         "targets": {"cached_speedup": ">= 50", "cold_vs_capacity": ">= 0.9"},
-    }  # fmt: skip
+    }
     print(json.dumps(report, indent=2))
 
 

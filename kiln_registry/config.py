@@ -9,8 +9,9 @@ is read at import time: defaults that depend on the user (the database path)
 are computed when a model is built.
 
 Imports: standard library, pydantic, platformdirs, ``kiln_registry.errors``,
-``kiln_registry.credentials`` and the pure ``kiln_registry.launcher.policy``;
-never the database, probe, API or FastAPI.
+``kiln_registry.credentials``, ``kiln_registry.identity.hashing`` (the bounded
+read) and the pure ``kiln_registry.launcher.policy``; never the database,
+probe, API or FastAPI.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from kiln_registry.credentials.secrets import (
     is_valid_env_name,
 )
 from kiln_registry.errors import ConfigError, KilnError, PolicyError
+from kiln_registry.identity.hashing import read_at_most
 from kiln_registry.launcher.policy import classify_vllm_options
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -267,17 +269,12 @@ def _read_bounded(path: Path) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(f"{path}: not a regular file", rule="config.not_regular")
-        data = bytearray()
-        while len(data) <= MAX_CONFIG_BYTES:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            data += chunk
+        data = read_at_most(fd, MAX_CONFIG_BYTES)
     finally:
         os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes", rule="config.size")
-    return bytes(data)
+    return data
 
 
 def _parse_toml(path: Path, data: bytes) -> dict[str, Any]:

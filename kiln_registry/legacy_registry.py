@@ -22,8 +22,9 @@ beside the registry; it holds the stripped copy (no secret) and may be
 deleted.
 
 Imports: the standard library, SQLAlchemy's session types,
-``kiln_registry.config``, ``kiln_registry.db`` (legacy, models, repository)
-and ``kiln_registry.errors``; never the API, probe or launcher layers.
+``kiln_registry.config``, ``kiln_registry.db`` (legacy, models, repository),
+``kiln_registry.errors`` and ``kiln_registry.identity.hashing`` (the bounded
+read); never the API, probe or launcher layers.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from kiln_registry.db.legacy import (
 from kiln_registry.db.models import TEACHER_KINDS
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.errors import InputError
+from kiln_registry.identity.hashing import read_at_most
 
 log = logging.getLogger("kiln_registry.legacy_registry")
 
@@ -113,17 +115,12 @@ def _read_registry(path: Path) -> tuple[bytes, os.stat_result]:
             raise _refuse(path, "is not a regular file", "legacy.not_regular")
         if info.st_size > MAX_REGISTRY_BYTES:
             raise _refuse(path, f"is larger than {MAX_REGISTRY_BYTES} bytes", "legacy.size")
-        data = bytearray()
-        while len(data) <= MAX_REGISTRY_BYTES:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            data += chunk
+        data = read_at_most(fd, MAX_REGISTRY_BYTES)
     finally:
         os.close(fd)
     if len(data) > MAX_REGISTRY_BYTES:
         raise _refuse(path, f"grew beyond {MAX_REGISTRY_BYTES} bytes", "legacy.size")
-    return bytes(data), info
+    return data, info
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -159,7 +156,27 @@ def _parse(path: Path, data: bytes) -> dict[str, Any]:
         raise _refuse(path, f"is not valid JSON ({exc})", "legacy.json") from None
     if not isinstance(doc, dict):
         raise _refuse(path, "is not a JSON object of teacher entries", "legacy.not_object")
+    if b"\\u" in data and not _all_text_encodable(doc):
+        raise _refuse(path, "holds a lone surrogate escape (not UTF-8 text)", "legacy.encoding")
     return doc
+
+
+def _all_text_encodable(doc: object) -> bool:
+    """Every key and string in the parsed document is valid UTF-8 (no lone surrogate)."""
+    pending: list[object] = [doc]
+    while pending:  # bounded: json.loads already limited the document's size and depth
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+    return True
 
 
 def _text(entry: Mapping[str, Any], field: str, limit: int) -> str | None:

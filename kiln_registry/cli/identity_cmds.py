@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from kiln_registry.cli.argtypes import positive_int
 from kiln_registry.errors import IdentityError, InputError
 from kiln_registry.identity.digests import tokenizer_config_sha256, tokenizer_vocab_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter
@@ -26,16 +27,6 @@ from kiln_registry.model.files import read_json_object
 from kiln_registry.model.shards import MAX_VOCAB_SIZE, model_width
 
 SubParsers = Any  # argparse's _SubParsersAction is private
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
 
 def _emit(document: dict[str, object]) -> int:
@@ -56,7 +47,7 @@ def _add_read_options(parser: argparse.ArgumentParser) -> None:
         help="cap on bytes read for hashing, 1..=16384 MiB/s (default: unlimited)",
     )
     parser.add_argument(
-        "--workers", type=_positive, default=None, metavar="N", help="hashing threads"
+        "--workers", type=positive_int, default=None, metavar="N", help="hashing threads"
     )
 
 
@@ -162,7 +153,7 @@ def _register_digest(sub: SubParsers) -> None:
     vocab.add_argument("tokenizer_json", metavar="TOKENIZER_JSON")
     vocab.add_argument(
         "--model-width",
-        type=_positive,
+        type=positive_int,
         default=None,
         metavar="N",
         help="model vocabulary width (default: config.json beside the file, else entry count)",

@@ -19,27 +19,15 @@ import os
 import sys
 from typing import Any
 
+from kiln_registry.cli.argtypes import integer, positive_int
 from kiln_registry.errors import InputError
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 MAX_THREADS = 8
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
 def _port(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = integer(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {text!r} is outside 0..=65535")
     return value
@@ -107,8 +95,8 @@ def register(sub: SubParsers) -> None:
     )
     parser.add_argument("--model-path", required=True, help="local model directory")
     parser.add_argument("--served-model-id", required=True, help="the model name clients send")
-    parser.add_argument("--max-top-k", required=True, type=_positive, metavar="K")
-    parser.add_argument("--max-model-len", required=True, type=_positive, metavar="L")
+    parser.add_argument("--max-top-k", required=True, type=positive_int, metavar="K")
+    parser.add_argument("--max-model-len", required=True, type=positive_int, metavar="L")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", default=8000, type=_port, help="0 picks a free port")
     parser.add_argument(
@@ -117,5 +105,5 @@ def register(sub: SubParsers) -> None:
         metavar="NAME",
         help="environment variable holding the API key that guards /v1/*",
     )
-    parser.add_argument("--threads", type=_positive, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.set_defaults(func=_cmd_reference_teacher)

@@ -268,10 +268,7 @@ def _positive(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _float(text)
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError(f"{text!r} is not in (0, 3600] seconds")
     return value

@@ -15,6 +15,7 @@ Refusals are ``IdentityError`` with ``rule="identity.<name>"`` (or
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -262,11 +263,11 @@ class TeacherIdentity:
 
     def canonical_bytes(self) -> bytes:
         """``J``: compact, raw-UTF-8 JSON in normative key order."""
-        return canonical_json(self.to_dict())
+        return _canonical_bytes(self)
 
     def digest(self) -> str:
         """The identity digest ``hex(sha256(J))``."""
-        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+        return _digest(self)
 
     def revision(self) -> str:
         """The API's ``identity_revision``: ``"sha256:" + digest``."""
@@ -274,10 +275,7 @@ class TeacherIdentity:
 
     def fingerprint(self) -> str:
         """``kiln-teacher-v1.<base64url(J)>.<hex(sha256(J))>``."""
-        # Imported here because fingerprint.py imports this module.
-        from kiln_registry.identity.fingerprint import encode_fingerprint
-
-        return encode_fingerprint(self)
+        return _fingerprint(self)
 
     @classmethod
     def from_mapping(cls, obj: object, *, launcher_strict: bool = False) -> TeacherIdentity:
@@ -398,3 +396,23 @@ def validate_identity(identity: TeacherIdentity, *, launcher_strict: bool = Fals
     _validate_values(identity)
     if launcher_strict:
         _validate_launcher_strict(identity)
+
+
+# Identities are immutable and hashable, and every scoring response re-checks
+# its fingerprint against the pinned one: memoize the three encodings.
+@functools.lru_cache(maxsize=256)
+def _canonical_bytes(identity: TeacherIdentity) -> bytes:
+    return canonical_json(identity.to_dict())
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(identity: TeacherIdentity) -> str:
+    return hashlib.sha256(_canonical_bytes(identity)).hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(identity: TeacherIdentity) -> str:
+    # Imported here because fingerprint.py imports this module.
+    from kiln_registry.identity.fingerprint import encode_fingerprint
+
+    return encode_fingerprint(identity)

@@ -4,7 +4,9 @@ Owns ``ReadRateLimiter`` (one token bucket shared by every phase and file of a
 launch or an inspection, never reset) and ``hash_file`` / ``hash_files``, which
 read a file exactly once, in bounded chunks, and refuse a file that is not a
 regular file or that grows, shrinks or is replaced while it is read.  Memory
-use does not depend on file size: each worker holds one chunk buffer.
+use does not depend on file size: each worker holds one chunk buffer.  The
+exact-length loop (``digest_exactly``) and the thread count (``worker_count``)
+also serve the launcher's descriptor-anchored staging.
 
 Imports: standard library and ``kiln_registry.identity`` / ``kiln_registry.errors``
 only (no sockets, subprocesses, database or web framework).
@@ -18,10 +20,10 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.errors import IdentityError, KilnError
 from kiln_registry.identity.digests import FileRecord
 
 CHUNK_BYTES = 1024 * 1024
@@ -122,28 +124,76 @@ def _open_regular(path: str) -> tuple[int, os.stat_result]:
     return fd, info
 
 
-def _read_exactly(fd: int, path: str, length: int, limiter: ReadRateLimiter) -> bytes:
-    """Hash exactly ``length`` bytes of ``fd`` and prove nothing follows them."""
+ReadInto = Callable[[memoryview, int], int | None]
+
+
+def digest_exactly(
+    read_into: ReadInto,
+    length: int,
+    limiter: ReadRateLimiter,
+    *,
+    shown: str,
+    rules: tuple[str, str],
+    verb: str = "read",
+    error: type[KilnError] = IdentityError,
+    sink: Callable[[memoryview], None] | None = None,
+) -> bytes:
+    """SHA-256 of exactly ``length`` bytes and proof that nothing follows them.
+
+    ``read_into(view, offset)`` fills ``view`` with the bytes at ``offset`` and
+    returns the count (0 at the end).  Chunks of at most ``CHUNK_BYTES`` go
+    through ``limiter`` before they are read, then to ``sink`` after they are
+    hashed.  A source that ends early raises ``error`` with rule ``rules[0]``;
+    one with a byte past ``length``, ``rules[1]``; both name ``shown`` and the
+    ``verb`` ("while it was read").
+    """
     digest = hashlib.sha256()
     buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
     view = memoryview(buffer)
-    remaining = length
-    with open(fd, "rb", buffering=0, closefd=False) as stream:
-        while remaining:
-            want = min(len(buffer), remaining)
-            limiter.acquire(want)
-            got = stream.readinto(view[:want])
-            if not got:
-                raise IdentityError(
-                    f"{path} became shorter while it was read ({length - remaining} of"
-                    f" {length} bytes)",
-                    rule="file.shrunk",
-                )
-            digest.update(view[:got])
-            remaining -= got
-        if stream.read(1):
-            raise IdentityError(f"{path} grew while it was read", rule="file.grew")
+    offset = 0
+    while offset < length:
+        want = min(len(buffer), length - offset)
+        limiter.acquire(want)
+        got = read_into(view[:want], offset)
+        if not got:
+            raise error(
+                f"{shown} became shorter while it was {verb} ({offset} of {length} bytes)",
+                rule=rules[0],
+            )
+        digest.update(view[:got])
+        if sink is not None:
+            sink(view[:got])
+        offset += got
+    if read_into(view[:1], length):
+        raise error(f"{shown} grew while it was {verb}", rule=rules[1])
     return digest.digest()
+
+
+def read_at_most(fd: int, max_bytes: int) -> bytes:
+    """The bytes of ``fd`` from its position, stopping after ``max_bytes + 1``.
+
+    A result longer than ``max_bytes`` tells the caller the file is too large;
+    no chunk is asked for beyond that one extra byte.
+    """
+    data = bytearray()
+    while len(data) <= max_bytes:
+        chunk = os.read(fd, min(CHUNK_BYTES, max_bytes + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def _read_exactly(fd: int, path: str, length: int, limiter: ReadRateLimiter) -> bytes:
+    """Hash exactly ``length`` bytes of ``fd`` (read sequentially from its start)."""
+    with open(fd, "rb", buffering=0, closefd=False) as stream:
+        return digest_exactly(
+            lambda view, _offset: stream.readinto(view),
+            length,
+            limiter,
+            shown=path,
+            rules=("file.shrunk", "file.grew"),
+        )
 
 
 def hash_file(
@@ -183,13 +233,18 @@ def hash_file(
     return FileRecord(digest=digest, length=before.st_size)
 
 
-def _worker_count(workers: int | None, jobs: int) -> int:
+def worker_count(
+    workers: int | None,
+    jobs: int,
+    *,
+    error: type[KilnError] = IdentityError,
+    rule: str = "hashing.workers",
+) -> int:
+    """Threads for ``jobs`` jobs: ``workers`` (default the CPU count), at most ``MAX_WORKERS``."""
     if workers is None:
         workers = os.cpu_count() or 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise IdentityError(
-            f"workers must be a positive integer, got {workers!r}", rule="hashing.workers"
-        )
+        raise error(f"workers must be a positive integer, got {workers!r}", rule=rule)
     return max(1, min(workers, MAX_WORKERS, jobs))
 
 
@@ -209,7 +264,7 @@ def hash_files(
     if expected_lengths is not None and len(expected_lengths) != len(paths):
         raise ValueError("expected_lengths must match paths")
     lengths: Sequence[int | None] = expected_lengths or [None] * len(paths)
-    count = _worker_count(workers, len(paths))
+    count = worker_count(workers, len(paths))
     if count == 1:
         return [
             hash_file(p, limiter=limiter, expected_length=n)

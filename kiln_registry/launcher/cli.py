@@ -30,18 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kiln_registry.errors import InputError, KilnError
 from kiln_registry.identity.canonical import canonical_json
-from kiln_registry.identity.compose import ComposedIdentity, compose_identity
+from kiln_registry.identity.compose import ComposedIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import TeacherInput, load_teacher_input
-from kiln_registry.launcher.launch import (
-    AdapterLaunch,
-    PreparedLaunch,
-    prepare_launch,
-    redact_argv,
-    require_vllm_build,
-    vllm_build,
-    vllm_server_argv,
-)
+from kiln_registry.launcher.launch import PreparedLaunch, prepare_launch
 from kiln_registry.launcher.policy import (
     LauncherRequest,
     check_launch_environment,
@@ -54,6 +46,14 @@ from kiln_registry.launcher.supervisor import (
     SignalGate,
     SuperviseOptions,
     supervise,
+)
+from kiln_registry.launcher.vllm_command import (
+    AdapterLaunch,
+    compose_launch_identity,
+    redact_argv,
+    require_vllm_build,
+    vllm_build,
+    vllm_server_argv,
 )
 
 PROG = "kiln-teacher"
@@ -104,12 +104,12 @@ def _launch_or_manifest(argv: Sequence[str], env: Mapping[str, str]) -> int:
     decision = check_launch_environment(env)
     if request.manifest_only:
         inputs = _measured_or_precomputed(request, decision.child_environment)
-        composed = _compose(request, inputs, decision.child_environment)
+        composed = compose_launch_identity(request, inputs, decision.child_environment)
         _print_line(composed.to_output())
         return 0
     if request.dry_run:
         inputs = _measured_or_precomputed(request, decision.child_environment)
-        composed = _compose(request, inputs, decision.child_environment)
+        composed = compose_launch_identity(request, inputs, decision.child_environment)
         _print_line(dry_run_document(request, inputs, composed, vllm_build()))
         return 0
     return _launch(request, env)
@@ -135,21 +135,6 @@ def _measured_or_precomputed(
         served_model_id=request.served_model_id,
         limiter=ReadRateLimiter(request.max_provenance_read_mib_per_second),
         env=child_environment,
-    )
-
-
-def _compose(
-    request: LauncherRequest, inputs: TeacherInput, child_environment: Mapping[str, str]
-) -> ComposedIdentity:
-    return compose_identity(
-        inputs,
-        served_model_id=request.served_model_id,
-        max_top_k=request.max_top_k,
-        max_model_len=request.max_model_len,
-        max_prompt_logprob_candidates=request.max_prompt_logprob_candidates,
-        vllm_args=request.vllm_options.inference,
-        environment=child_environment,
-        launcher_strict=True,
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
+import functools
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kiln_registry.errors import IdentityError, KilnError, LauncherError
-from kiln_registry.identity.hashing import ReadRateLimiter
+from kiln_registry.identity import hashing
+from kiln_registry.identity.hashing import ReadRateLimiter, digest_exactly
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
-CHUNK_BYTES = 1024 * 1024
-MAX_WORKERS = 256
 # errno values meaning "this file system (pair) cannot reflink": fall back to a copy.
 _NO_REFLINK = frozenset(
     {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS}
@@ -93,24 +92,9 @@ def hash_fd(
     The rules raised are ``<rule_prefix>_shrunk`` and ``<rule_prefix>_grew``.
     """
     _sequential(fd)
-    digest = hashlib.sha256()
-    buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
-    view = memoryview(buffer)
-    offset = 0
-    while offset < length:
-        want = min(len(buffer), length - offset)
-        limiter.acquire(want)
-        got = _read_into(fd, view[:want], offset)
-        if got <= 0:
-            raise error(
-                f"{shown} became shorter while it was read ({offset} of {length} bytes)",
-                rule=f"{rule_prefix}_shrunk",
-            )
-        digest.update(view[:got])
-        offset += got
-    if _read_into(fd, view[:1], length):
-        raise error(f"{shown} grew while it was read", rule=f"{rule_prefix}_grew")
-    return digest.digest()
+    rules = (f"{rule_prefix}_shrunk", f"{rule_prefix}_grew")
+    reader = functools.partial(_read_into, fd)
+    return digest_exactly(reader, length, limiter, shown=shown, rules=rules, error=error)
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -124,28 +108,22 @@ def copy_and_hash(
 ) -> bytes:
     """Copy exactly ``length`` bytes, hashing what was read; refuse growth or shrinkage."""
     _sequential(src_fd)
-    digest = hashlib.sha256()
-    buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
-    view = memoryview(buffer)
-    offset = 0
-    while offset < length:
-        want = min(len(buffer), length - offset)
-        limiter.acquire(want)
-        got = _read_into(src_fd, view[:want], offset)
-        if got <= 0:
-            raise IdentityError(
-                f"{shown} became shorter while it was copied ({offset} of {length} bytes)",
-                rule="staging.source_shrunk",
-            )
-        digest.update(view[:got])
+
+    def write(chunk: memoryview) -> None:
         try:
-            _write_all(dst_fd, view[:got])
+            _write_all(dst_fd, chunk)
         except OSError as exc:
             raise io_error(exc, f"write the staged copy of {shown}") from None
-        offset += got
-    if _read_into(src_fd, view[:1], length):
-        raise IdentityError(f"{shown} grew while it was copied", rule="staging.source_grew")
-    return digest.digest()
+
+    return digest_exactly(
+        functools.partial(_read_into, src_fd),
+        length,
+        limiter,
+        shown=shown,
+        rules=("staging.source_shrunk", "staging.source_grew"),
+        verb="copied",
+        sink=write,
+    )
 
 
 def try_reflink(src_fd: int, dst_fd: int, *, shown: str) -> bool:
@@ -160,13 +138,8 @@ def try_reflink(src_fd: int, dst_fd: int, *, shown: str) -> bool:
 
 
 def worker_count(workers: int | None, jobs: int) -> int:
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise LauncherError(
-            f"workers must be a positive integer, got {workers!r}", rule="staging.workers"
-        )
-    return max(1, min(workers, MAX_WORKERS, jobs))
+    """``hashing.worker_count`` with the launcher's error and rule."""
+    return hashing.worker_count(workers, jobs, error=LauncherError, rule="staging.workers")
 
 
 def run_parallel(

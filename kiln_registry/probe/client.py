@@ -37,6 +37,8 @@ from kiln_registry.probe.parse import (
     fail,
     parse_error_body,
     response_body_limit,
+    shown,
+    withholding_response_text,
 )
 from kiln_registry.probe.report import ProbeAttempt, ProbeReport, attach_report
 from kiln_registry.probe.verify import (
@@ -203,7 +205,7 @@ def status_failure(ex: Exchange, what: str) -> ProbeFailed:
         detail = "body withheld because the request carried a credential"
     else:
         err = parse_error_body(ex.body)
-        detail = bounded_text(err.message.encode() if err else ex.body)
+        detail = shown(err.message) if err else bounded_text(ex.body)
     return ProbeFailed(f"{what}: teacher answered HTTP {ex.status}: {detail}", rule=rule)
 
 
@@ -269,24 +271,25 @@ async def _scored(
     if ex.status != 200:
         raise status_failure(ex, f"{purpose} probe (K={k})")
     known = identity or pinned
-    parsed = parse_completion_fast(
-        ex.body,
-        expected_prompt_len=len(prompt),
-        k=k,
-        vocab_size=known.vocab_size if known else MAX_VOCAB_SIZE,
-        max_candidates=known.max_prompt_logprob_candidates if known else len(prompt) * (k + 1),
-    )
-    if identity is None:
-        identity = identity_from_fingerprint(parsed.system_fingerprint)
-    check = verify_completion(
-        parsed,
-        request_model=t.model_id,
-        prompt=prompt,
-        k=k,
-        identity=identity,
-        pinned=pinned,
-        student=student,
-    )
+    with withholding_response_text(ex.authenticated):
+        parsed = parse_completion_fast(
+            ex.body,
+            expected_prompt_len=len(prompt),
+            k=k,
+            vocab_size=known.vocab_size if known else MAX_VOCAB_SIZE,
+            max_candidates=known.max_prompt_logprob_candidates if known else len(prompt) * (k + 1),
+        )
+        if identity is None:
+            identity = identity_from_fingerprint(parsed.system_fingerprint)
+        check = verify_completion(
+            parsed,
+            request_model=t.model_id,
+            prompt=prompt,
+            k=k,
+            identity=identity,
+            pinned=pinned,
+            student=student,
+        )
     attempt = replace(
         attempt,
         fingerprint=check.fingerprint,

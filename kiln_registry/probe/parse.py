@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -49,6 +51,33 @@ def bounded_text(data: bytes, limit: int = MAX_ERROR_TEXT) -> str:
     """At most ``limit`` characters of untrusted bytes, control characters escaped."""
     text = data[: limit * 4].decode("utf-8", errors="replace")[:limit]
     return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+
+
+# False while a response to an authenticated request is parsed or verified: a
+# teacher could reflect the bearer key into any field, so no response text may
+# reach a message then (``withholding_response_text``).
+_ECHO_RESPONSE_TEXT: ContextVar[bool] = ContextVar("kiln_echo_response_text", default=True)
+WITHHELD = "<withheld: the request carried a credential>"
+
+
+@contextmanager
+def withholding_response_text(authenticated: bool) -> Iterator[None]:
+    """Within the block, ``shown`` never quotes response text if ``authenticated``."""
+    token = _ECHO_RESPONSE_TEXT.set(not authenticated)
+    try:
+        yield
+    finally:
+        _ECHO_RESPONSE_TEXT.reset(token)
+
+
+def shown(value: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """``bounded_text`` of an untrusted decoded string; lone surrogates are escaped, not raised.
+
+    Response text is withheld entirely while an authenticated response is checked.
+    """
+    if not _ECHO_RESPONSE_TEXT.get():
+        return WITHHELD
+    return bounded_text(value[: limit * 2].encode("utf-8", errors="backslashreplace"), limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +199,7 @@ def strict_loads(
     except _Duplicate as exc:
         fail(
             "json_duplicate_key",
-            f"{what} repeats the object key {bounded_text(exc.args[0].encode(), 40)!r}",
+            f"{what} repeats the object key {shown(exc.args[0], 40)!r}",
         )
     except json.JSONDecodeError as exc:
         fail("json", f"{what} is not valid JSON: {exc.msg} at byte offset {exc.pos}")
@@ -182,7 +211,7 @@ def _token_id(key: str, where: str, vocab_size: int) -> int:
     if not (0 < len(key) <= _MAX_ID_DIGITS and key.isascii() and key.isdigit()):
         fail(
             "token_id",
-            f"{where} has a token key {bounded_text(key.encode(), 40)!r} that is not a decimal id",
+            f"{where} has a token key {shown(key, 40)!r} that is not a decimal id",
         )
     if len(key) > 1 and key[0] == "0":
         fail("token_id", f"{where} has a token key {key!r} with a leading zero")
@@ -225,7 +254,7 @@ def _row_entry(row: object, pos: int) -> _Row:
             if type(value) is not _Cand:
                 fail(
                     "candidate_shape",
-                    f"prompt_logprobs[{pos}][{bounded_text(str(key).encode(), 40)!r}] is not an"
+                    f"prompt_logprobs[{pos}][{shown(str(key), 40)!r}] is not an"
                     " object with logprob and rank",
                 )
         fail("row_width", f"prompt_logprobs[{pos}] is an empty object")

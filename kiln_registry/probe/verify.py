@@ -19,6 +19,7 @@ failure raises ``ProbeFailed`` with ``rule="probe.<name>"``.  Imports: numpy,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,8 +34,8 @@ from kiln_registry.probe.parse import (
     NEG_INF_SENTINEL,
     ParsedCompletion,
     PromptLogprobColumns,
-    bounded_text,
     fail,
+    shown,
 )
 
 MASS_TOLERANCE = 32.0 * float(np.finfo(np.float32).eps)
@@ -83,13 +84,21 @@ def identity_from_fingerprint(text: str | None) -> TeacherIdentity:
     if text.startswith(STOCK_PREFIX):
         fail(
             "fingerprint_stock",
-            f"system_fingerprint {bounded_text(text.encode(), 60)!r} is vLLM's stock value,"
+            f"system_fingerprint {shown(text, 60)!r} is vLLM's stock value,"
             " not a Kiln teacher fingerprint (launch with --fingerprint-mode=custom)",
         )
+    return _verified_identity(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _verified_identity(text: str) -> TeacherIdentity:
+    """Memoized: a fingerprint string that verified once verifies again (refusals are not kept)."""
     try:
         identity = verify_fingerprint(text)
     except FingerprintError as exc:
-        fail("fingerprint", f"system_fingerprint is not a valid Kiln fingerprint ({exc})")
+        # The verifier's message may quote decoded identity values: response text.
+        detail = str(exc) if shown("") == "" else f"{exc.rule}: {shown(str(exc))}"
+        fail("fingerprint", f"system_fingerprint is not a valid Kiln fingerprint ({detail})")
     if identity.fingerprint() != text:
         fail("fingerprint_noncanonical", "system_fingerprint is not in canonical form")
     return identity
@@ -114,14 +123,14 @@ def _check_envelope(
     parsed: ParsedCompletion, request_model: str, prompt_len: int, identity: TeacherIdentity
 ) -> None:
     if parsed.object != "text_completion":
-        fail("object", f"response object is {bounded_text(parsed.object.encode(), 60)!r}")
+        fail("object", f"response object is {shown(parsed.object, 60)!r}")
     served = identity.served_model_id
     if not request_model == parsed.model == served:
         fail(
             "model",
-            f"request model {bounded_text(request_model.encode(), 80)!r}, response model"
-            f" {bounded_text(parsed.model.encode(), 80)!r} and served_model_id"
-            f" {bounded_text(served.encode(), 80)!r} must all be equal",
+            f"request model {shown(request_model, 80)!r}, response model"
+            f" {shown(parsed.model, 80)!r} and served_model_id"
+            f" {shown(served, 80)!r} must all be equal",
         )
     if parsed.prompt_tokens != prompt_len:
         fail("usage", f"usage.prompt_tokens is {parsed.prompt_tokens}, sent {prompt_len} tokens")

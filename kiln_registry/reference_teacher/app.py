@@ -8,8 +8,8 @@ request, never stored, compared in constant time), the request-body bound
 an already-bound socket, so the caller learns the real port first).
 
 Imports: standard library, FastAPI/Starlette, uvicorn (inside the runner),
-``kiln_registry.errors`` and ``reference_teacher``'s protocol and model.  The
-API, database, probe and launcher packages are never imported.
+``kiln_registry.errors`` and ``reference_teacher``'s protocol, responses and
+model.  The API, database, probe and launcher packages are never imported.
 """
 
 from __future__ import annotations
@@ -32,12 +32,10 @@ from kiln_registry.reference_teacher.protocol import (
     CompletionRequest,
     ProtocolError,
     check_against_teacher,
-    completion_body,
     decode_json_body,
-    dumps,
-    models_body,
     parse_completion_request,
 )
+from kiln_registry.reference_teacher.responses import completion_body, dumps, models_body
 
 LOG = logging.getLogger("kiln_registry.reference_teacher")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

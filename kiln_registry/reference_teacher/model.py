@@ -6,7 +6,7 @@ rule, a deterministic top-K (ties: lower token id first), token decoding the
 way vLLM reports ``decoded_token``, and bounded greedy generation.
 
 Imports: standard library, torch, ``kiln_registry.errors`` and
-``reference_teacher.protocol``; transformers only inside ``load``.  Never the
+``reference_teacher.protocol`` / ``responses``; transformers only inside ``load``.  Never the
 API, database, probe or launcher packages.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from kiln_registry.errors import InputError, KilnError
-from kiln_registry.reference_teacher.protocol import Limits, PositionScores, ScoredPrompt
+from kiln_registry.reference_teacher.protocol import Limits
+from kiln_registry.reference_teacher.responses import PositionScores, ScoredPrompt
 
 RANK_CHUNK_ROWS = 256
 MAX_DECODE_CACHE = 1 << 20

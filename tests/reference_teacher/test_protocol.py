@@ -20,15 +20,17 @@ from kiln_registry.reference_teacher.protocol import (
     MAX_PROMPTS,
     CompletionRequest,
     Limits,
-    PositionScores,
     ProtocolError,
-    ScoredPrompt,
     check_against_teacher,
-    completion_body,
     decode_json_body,
+    parse_completion_request,
+)
+from kiln_registry.reference_teacher.responses import (
+    PositionScores,
+    ScoredPrompt,
+    completion_body,
     dumps,
     format_row,
-    parse_completion_request,
 )
 from tests.helpers import captured
 

@@ -247,6 +247,8 @@ class Builder:
         if type(k) is not int or type(length) is not int or not self.draw(st.booleans()):
             return
         ceiling = min(1_000_000, length * (k + 1))
+        if ceiling < 1:  # max_model_len is already a planted fault
+            return
         if self.faulty():
             bad = [0, 1_000_001] + ([ceiling + 1] if ceiling < 1_000_000 else [])
             table["max_prompt_logprob_candidates"] = self.draw(st.sampled_from(bad))
@@ -337,6 +339,7 @@ def assert_kept(config: KilnConfig, data: dict[str, Any], workdir: Path) -> None
     assert len(set(ports)) == len(ports)
 
 
+@pytest.mark.slow
 @fuzz_settings(3)
 @given(documents())
 def test_generated_documents(workdir: Path, doc: Doc) -> None:

@@ -90,8 +90,8 @@ def _objects(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return found + ([doc["adapter"]] if isinstance(doc["adapter"], dict) else [])
 
 
-def _bad_value(draw: st.DrawFn, key: str, doc: dict[str, Any]) -> object:
-    """A value that ``key`` must refuse in ``doc``."""
+def _bad_value(draw: st.DrawFn, key: str, doc: dict[str, Any], current: object) -> object:
+    """A value that ``key`` (now ``current``) must refuse in ``doc``."""
     if key in HEX_FIELDS or key.endswith("sha256"):
         return draw(st.sampled_from(BAD_HEX) | WRONG_TYPES)
     if key == "schema":
@@ -111,7 +111,8 @@ def _bad_value(draw: st.DrawFn, key: str, doc: dict[str, Any]) -> object:
     if key == "devices":
         return draw(st.sampled_from(([], None, {}, "gpu", [None], [1])))
     if key == "index":
-        return draw(st.sampled_from((-1, 1, 256, 0.0, True, None)))
+        assert isinstance(current, int)
+        return draw(st.sampled_from((-1, current + 1, 256, 0.0, True, None)))
     if key == "total_memory_bytes":
         return draw(st.sampled_from((0, -1, 2**64, 1.5, True, "1", None)))
     if key == "adapter":
@@ -130,7 +131,7 @@ def invalid_documents(draw: st.DrawFn) -> bytes:
     elif kind == "unknown":
         obj[draw(st.text(max_size=10).filter(lambda k: k not in obj))] = draw(json_values)
     elif kind == "value":
-        obj[key] = _bad_value(draw, key, doc)
+        obj[key] = _bad_value(draw, key, doc, obj[key])
     elif kind == "deep":
         depth = draw(st.integers(1, 30_000))
         obj[key] = "\x00deep\x00"

@@ -187,12 +187,6 @@ def test_random_byte_edits_never_crash(
     run("legacy.byte_edit", registry_env, data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeEncodeError,
-    reason="bug: a lone surrogate escape in a text field or in 'identity' escapes as"
-    " UnicodeEncodeError (SQLite insert / rewrite) instead of a legacy.* refusal",
-)
 @pytest.mark.parametrize(
     "body",
     [

@@ -31,6 +31,7 @@ import sys
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -117,21 +118,41 @@ def _database_texts(directory: Path) -> list[tuple[str, str]]:
     return [(p.name, p.read_bytes().decode("latin-1")) for p in sorted(directory.glob("*.db*"))]
 
 
+@dataclass(frozen=True)
+class Hostile:
+    echo: ft.ScriptedTeacher
+    echo_origin: str
+    mirror: ft.ScriptedTeacher
+    mirror_origin: str
+    down_origin: str
+
+
 @contextmanager
-def _hostile_teachers(reference: Reference, tls: TlsFiles) -> Iterator[dict[str, object]]:
+def _hostile_teachers(ref: Reference, tls: TlsFiles) -> Iterator[Hostile]:
     """TLS teachers for ``localhost``: one echoing, one reflecting; plus a closed port."""
-    echo = ft.ScriptedTeacher(reference[1], reflect="error")
-    mirror = ft.ScriptedTeacher(reference[1], reflect="model")
+    echo = ft.ScriptedTeacher(ref[1], reflect="error")
+    mirror = ft.ScriptedTeacher(ref[1], reflect="model")
     with ExitStack() as stack:
         echo_port = stack.enter_context(serve_tls(ft.asgi_teacher(echo), tls.cert_pem))
         mirror_port = stack.enter_context(serve_tls(ft.asgi_teacher(mirror), tls.cert_pem))
-        yield {"echo": (echo, f"https://localhost:{echo_port}"),
-               "mirror": (mirror, f"https://localhost:{mirror_port}"),
-               "down": f"https://localhost:{free_port()}"}  # fmt: skip
+        origin = "https://localhost:{}".format
+        yield Hostile(echo, origin(echo_port), mirror, origin(mirror_port), origin(free_port()))
 
 
-def _requests(tls: str, echo: str, mirror: str, down: str) -> list[tuple[str, str, object]]:
+def _credentials(tls_origin: str, hostile: Hostile) -> dict[str, tuple[str, str]]:
+    return {
+        "ok": (tls_origin, KEY_ENV),
+        "wrong": (tls_origin, "KILN_R10_KEY_WRONG"),
+        "echo": (hostile.echo_origin, "KILN_R10_KEY_ECHO"),
+        "mirror": (hostile.mirror_origin, "KILN_R10_KEY_REFLECT"),
+        "down": (hostile.down_origin, "KILN_R10_KEY_DOWN"),
+        "unused": ("https://unused.example", "KILN_R10_KEY_UNUSED"),
+    }
+
+
+def _requests(tls: str, hostile: Hostile) -> list[tuple[str, str, object]]:
     secret = SECRETS[KEY_ENV]
+    echo, mirror, down = hostile.echo_origin, hostile.mirror_origin, hostile.down_origin
     quoted = urllib.parse.quote(secret, safe="")
     return [
         ("POST", "/v1/teachers", remote("ok", tls + "/v1", credential_id="ok")),
@@ -150,7 +171,7 @@ def _requests(tls: str, echo: str, mirror: str, down: str) -> list[tuple[str, st
         *[
             ("GET", f"/v1/teachers/{a}/receipts", None)
             for a in ("ok", "wrong-key", "echo", "mirror", "down")
-        ],  # fmt: skip
+        ],
         ("GET", "/v1/teachers", None),
         ("GET", "/metrics", None),
     ]
@@ -178,23 +199,17 @@ def test_planted_secrets_leak_nowhere_in_the_registry(
 ) -> None:
     monkeypatch.setenv(KEY_ENV, SECRETS[KEY_ENV])  # the reference teacher's own key
     with _hostile_teachers(reference, tls_files) as hostile:
-        (echo, echo_origin), (mirror, mirror_origin) = hostile["echo"], hostile["mirror"]  # type: ignore[misc]
-        credentials = {"ok": (tls_teacher.origin, KEY_ENV),
-                       "wrong": (tls_teacher.origin, "KILN_R10_KEY_WRONG"),
-                       "echo": (echo_origin, "KILN_R10_KEY_ECHO"),
-                       "mirror": (mirror_origin, "KILN_R10_KEY_REFLECT"),
-                       "down": (hostile["down"], "KILN_R10_KEY_DOWN"),
-                       "unused": ("https://unused.example", "KILN_R10_KEY_UNUSED")}  # fmt: skip
         server = {"log_level": "debug", "teacher_ca_file": tls_files.ca_pem}
+        credentials = _credentials(tls_teacher.origin, hostile)
         config = write_config(tmp_path, student=tiny_model.path, server=server,
-                              credentials=credentials)  # type: ignore[arg-type]  # fmt: skip
-        requests = _requests(tls_teacher.origin, echo_origin, mirror_origin, str(hostile["down"]))
+                              credentials=credentials)  # fmt: skip
+        requests = _requests(tls_teacher.origin, hostile)
         responses, log = _serve_and_record(tmp_path, config, requests)
     statuses = [r.status_code for r in responses]
     assert statuses[:3] == [200, 200, 200], [r.text for r in responses[:3]]
     assert all(s < 500 or s == 502 for s in statuses), statuses
     # The secrets really were in flight: the hostile teachers received them.
-    assert echo.authorizations and mirror.authorizations
+    assert hostile.echo.authorizations and hostile.mirror.authorizations
     assert "DEBUG" in log and "/v1/teachers" in log
     texts = [(f"response {i} {m} {p}", _response_text(r))
              for i, ((m, p, _), r) in enumerate(zip(requests, responses, strict=True))]  # fmt: skip
@@ -241,3 +256,51 @@ def test_reflected_key_forms(
     assert mirror.authorizations == [f"Bearer {secret}"]
     texts = [("response", _response_text(response)), *_database_texts(tmp_path)]
     assert scan(texts, [secret]) == [], response.text
+
+
+KILN_TEACHER = Path(sys.executable).with_name("kiln-teacher")
+LAUNCH_LIMITS = ["--served-model-id=teacher-large", "--max-top-k=32", "--max-model-len=32768"]
+
+
+def _launcher_cases(tmp_path: Path, model: Path) -> list[tuple[list[str], dict[str, str], int]]:
+    """(argv, extra environment, expected exit status) for the dry run and its error paths."""
+    identity = tmp_path / "teacher-input.json"
+    identity.write_text(json.dumps(TEACHER_INPUT), encoding="utf-8")
+    ident = [f"--identity-input={identity}", *LAUNCH_LIMITS]
+    base = [*ident, "--model-path=/models/teacher"]
+    key = LAUNCH_SECRET
+    dry = [*base, "--dry-run", "--", "--host=127.0.0.1", "--port=8001"]
+    return [
+        ([*dry, f"--api-key={key}"], {}, 0),
+        ([*dry, "--api-key", key], {}, 2),  # the two-token form is refused
+        ([*ident, "--manifest-only", "--", f"--api-key={key}"], {}, 0),
+        ([*dry, f"--api-key={key}", f"--api-key={key}"], {}, 2),
+        ([*dry, f"--api-key={key}", "--no-such-option"], {}, 2),
+        ([*dry, f"--api-key={key}", "--port=not-a-port"], {}, 2),
+        ([*dry, f"--api_key={key}"], {}, 2),
+        ([*dry, f"--api-key={key}", f"--served-model-name={key}"], {}, 2),
+        ([*base, f"--api-key={key}", "--dry-run"], {}, 2),
+        (dry, {"VLLM_API_KEY": key}, 2),
+        ([*dry, f"--api-key={key}"], {"HF_TOKEN": key}, 2),
+        ([f"--model-path={model}", *LAUNCH_LIMITS, "--dry-run", "--", f"--api-key={key}"], {}, 2),
+    ]
+
+
+def test_launcher_dry_run_and_error_paths_never_print_the_key(
+    tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    outputs: list[tuple[str, str]] = []
+    statuses: list[int] = []
+    expected_statuses: list[int] = []
+    for n, (argv, extra, expected) in enumerate(_launcher_cases(tmp_path, tiny_model.path)):
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **extra}
+        done = subprocess.run([str(KILN_TEACHER), *argv], env=env, capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+        statuses.append(done.returncode)
+        outputs += [(f"case {n} stdout", done.stdout), (f"case {n} stderr", done.stderr)]
+        expected_statuses.append(expected)
+    assert statuses == expected_statuses, outputs
+    assert "--api-key=<redacted>" in outputs[0][1]
+    hits = scan(outputs, [LAUNCH_SECRET])
+    assert hits == [], hits
+    print(f"launcher scan: {len(statuses)} runs, {len(hits)} hits")

@@ -81,7 +81,8 @@ def launched(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) ->
 def registry(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Iterator[Registry]:
     workdir = tmp_path_factory.mktemp("registry")
     snapshots, caches = private_dir(workdir / "snapshots"), private_dir(workdir / "caches")
-    config = write_config(workdir, student=tiny_model.path)
+    # The first requests to a CPU vLLM on two busy cores can take many seconds.
+    config = write_config(workdir, student=tiny_model.path, server={"probe_timeout_s": 120.0})
     lines = [
         f"[teachers.local.{LOCAL_PROFILE}]",
         f"model_path = {toml_str(tiny_model.path)}",

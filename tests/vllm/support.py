@@ -85,6 +85,9 @@ def stop(proc: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         raise
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @dataclass
