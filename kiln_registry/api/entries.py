@@ -26,19 +26,13 @@ from kiln_registry.api.schemas import (
 )
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.off_policy import off_policy_manifest
 
-OFF_POLICY_SCHEMA = "kiln.off-policy-distillation-manifest.v1"
 LEGACY_MESSAGE = (
     "this alias was migrated from an older registry without a verified identity; delete it"
     " and register it again with a credential_id (or a loopback URL) so both probes can run"
 )
 FIXTURE_MESSAGE = "fixture teacher: configured for tests and demos, never usable by a job"
-
-
-def off_policy_manifest(identity: TeacherIdentity) -> str:
-    """The exact first line of an identity-bound off-policy corpus (compact JSON)."""
-    head = '{"schema":"' + OFF_POLICY_SCHEMA + '","teacher_identity":'
-    return head + identity.canonical_bytes().decode("utf-8") + "}"
 
 
 def stored_identity(row: TeacherRow) -> TeacherIdentity | None:

@@ -37,21 +37,15 @@ import numpy as np
 import orjson
 
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.sources import token_ids_sha256
 
-OFF_POLICY_SCHEMA: Final = "kiln.off-policy-distillation-manifest.v1"
 ROW_FORMAT: Final = "kiln.teacher-scores.v1"
 ROW_KEYS: Final = (
     "format", "job_id", "teacher", "identity_digest", "top_k", "id", "token_ids_sha256",
     "token_ids", "topk_ids", "topk_logprobs", "token_logprobs",
 )  # fmt: skip
-
-
-def off_policy_manifest(identity: TeacherIdentity) -> str:
-    """The exact first line Kiln requires (same text as the registry's entry field)."""
-    canonical = identity.canonical_bytes().decode("utf-8")
-    return '{"schema":"' + OFF_POLICY_SCHEMA + '","teacher_identity":' + canonical + "}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,8 @@ import numpy as np
 
 from kiln_registry.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.corpus import OFF_POLICY_SCHEMA, ROW_FORMAT, ROW_KEYS, off_policy_manifest
+from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
+from kiln_registry.jobs.corpus import ROW_FORMAT, ROW_KEYS
 from kiln_registry.jobs.sources import EXTRA_CONTEXT_TOKENS, token_ids_sha256
 
 MAX_HEADER_BYTES: Final = 64 * 1024

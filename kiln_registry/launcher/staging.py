@@ -239,13 +239,7 @@ def verify_snapshot(
 
 def remove_snapshot(staged: StagedSnapshot) -> None:
     """Remove the snapshot through the anchored root descriptor, then close it (idempotent)."""
-    if staged.root_fd < 0:
-        return
-    try:
-        fsops.remove_tree_at(staged.root_fd, staged.name, dev=staged.dev, shown=str(staged.path))
-    finally:
-        os.close(staged.root_fd)
-        staged.root_fd = -1
+    _remove_anchored(staged)
 
 
 def create_private_cache(cache_root: PathArg) -> PrivateCache:
@@ -276,10 +270,15 @@ def create_private_cache(cache_root: PathArg) -> PrivateCache:
 
 def remove_private_cache(cache: PrivateCache) -> None:
     """Remove the cache child through its anchored parent, then close it (idempotent)."""
-    if cache.root_fd < 0:
+    _remove_anchored(cache)
+
+
+def _remove_anchored(child: StagedSnapshot | PrivateCache) -> None:
+    """Remove ``child.name`` under ``child.root_fd``, then close and forget that descriptor."""
+    if child.root_fd < 0:
         return
     try:
-        fsops.remove_tree_at(cache.root_fd, cache.name, dev=cache.dev, shown=str(cache.path))
+        fsops.remove_tree_at(child.root_fd, child.name, dev=child.dev, shown=str(child.path))
     finally:
-        os.close(cache.root_fd)
-        cache.root_fd = -1
+        os.close(child.root_fd)
+        child.root_fd = -1

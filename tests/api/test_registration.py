@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.api.entries import off_policy_manifest
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.reference_teacher.app import create_reference_app
 from kiln_registry.reference_teacher.identity import load_reference_teacher
 from kiln_registry.reference_teacher.model import ReferenceTeacher

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from kiln_registry.errors import InputError
+from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.corpus import CorpusWriter, RowContext, off_policy_manifest
+from kiln_registry.jobs.corpus import CorpusWriter, RowContext
 from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.sources import token_ids_sha256
 from tests.jobs.harness import student_identity

@@ -115,7 +115,8 @@ class Launched:
         """Snapshots, caches and live processes of the vLLM groups still present."""
         found = [p.name for p in self.snapshots.iterdir()]
         found += [p.name for p in self.caches.iterdir() if p.name != "attempts.jsonl"]
-        found += [f"pid {pid}" for leader in self.vllm_pids() for pid in group_members(leader)]
+        leaders = [self.proc.pid, *self.vllm_pids()]  # the launcher's group and vLLM's
+        found += [f"pid {pid}" for leader in leaders for pid in group_members(leader)]
         return found
 
 
@@ -128,10 +129,10 @@ def _read_line(stream: IO[bytes], timeout: float) -> bytes:
         raise AssertionError(f"no announcement line in {timeout:g} s") from None
 
 
-def launch(
+def start_launch(
     workdir: Path, model: Path, *, served: str = SERVED, adapter: Path | None = None
 ) -> Launched:
-    """``kiln-teacher`` on the tiny model (eager, float32); returns once /health is 200."""
+    """Start ``kiln-teacher`` on the tiny model (eager, float32); returns at once."""
     snapshots, caches = private_dir(workdir / "snapshots"), private_dir(workdir / "caches")
     port, log = free_port(), workdir / "kiln-teacher.log"
     argv = [
@@ -151,16 +152,27 @@ def launch(
         proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=sink, start_new_session=True
         )
+    return Launched(proc, {}, snapshots, caches, log, port)
+
+
+def launch(
+    workdir: Path, model: Path, *, served: str = SERVED, adapter: Path | None = None
+) -> Launched:
+    """``start_launch``, then the announcement line, then /health 200."""
+    launched = start_launch(workdir, model, served=served, adapter=adapter)
+    proc, log = launched.proc, launched.log
     try:
         assert proc.stdout is not None
         line = _read_line(proc.stdout, READY_S)
         if not line:
             raise AssertionError(f"kiln-teacher exited {proc.wait(30)}: {tail(log)}")
-        launched = Launched(proc, json.loads(line), snapshots, caches, log, port)
+        launched.announcement = json.loads(line)
         wait_health(launched.url, proc, READY_S, log)
     except BaseException:
         if proc.poll() is None:
             stop(proc)
+        elif proc.stdout is not None:
+            proc.stdout.close()
         raise
     return launched
 
