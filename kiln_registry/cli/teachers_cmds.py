@@ -11,27 +11,26 @@ The registry is ``--server URL``, else ``$KILN_SERVER``, else
 line and exits 2.  ``parity`` exits 0 for ``identical`` and
 ``within_tolerance`` and 1 for ``mismatch``.
 
-Imports: standard library, ``kiln_registry.client``, ``kiln_registry.errors``
-and (inside the command) ``kiln_registry.parity``; never FastAPI, the database
-or torch.
+Imports: standard library, ``kiln_registry.client``, ``kiln_registry.errors``,
+``cli.server_options`` and (inside the command) ``kiln_registry.parity``; never
+FastAPI, the database or torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kiln_registry.api.schemas import ProbeReportPublic, TeacherEntry
-from kiln_registry.client import DEFAULT_SERVER, RegistryClient
+from kiln_registry.cli.server_options import number, server_options, server_url
+from kiln_registry.client import RegistryClient
 from kiln_registry.errors import InputError
 
 SubParsers = Any  # argparse's _SubParsersAction is private
-SERVER_ENV = "KILN_SERVER"
 REVISION_PREFIX = 12
 MAX_CELL = 48
 KINDS = ("remote", "local", "fixture")
@@ -63,8 +62,7 @@ def _emit_json(value: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> RegistryClient:
-    server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return RegistryClient(server, timeout=args.timeout)
+    return RegistryClient(server_url(args), timeout=args.timeout)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -267,39 +265,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
-    value = _float(text)
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"{text!r} is not in (0, 3600] seconds")
-    return value
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def _common(client: bool) -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
-    if client:
-        parent.add_argument(
-            "--server",
-            metavar="URL",
-            help=f"registry URL (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
-        )
-    parent.add_argument("--json", action="store_true", help="print one JSON document")
-    parent.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per request")
-    return parent
-
-
 def _add(
     group: SubParsers, name: str, help_text: str, func: Callable[[argparse.Namespace], int],
     *, client: bool = True,
 ) -> argparse.ArgumentParser:  # fmt: skip
     parser: argparse.ArgumentParser = group.add_parser(
-        name, help=help_text, parents=[_common(client)]
+        name, help=help_text, parents=[server_options(server=client)]
     )
     parser.set_defaults(func=func)
     return parser
@@ -329,7 +300,7 @@ def _add_parity(group: SubParsers) -> None:
     p.add_argument("--top-k", type=_positive, help="K (default: min(20, both max_top_k))")
     p.add_argument("--prompts", type=_positive, default=2, help="number of prompts (<= 16)")
     p.add_argument("--max-prompt-len", type=_positive, help="cap the prompt length")
-    p.add_argument("--atol", type=_float, default=1e-3, help="max |logprob difference|")
+    p.add_argument("--atol", type=number, default=1e-3, help="max |logprob difference|")
     p.add_argument("--ca-file", type=Path, help="PEM CA bundle for HTTPS teachers")
 
 
