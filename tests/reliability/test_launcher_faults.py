@@ -13,9 +13,9 @@ Cleanup is the real ``kiln-teacher cleanup --json`` subprocess.
   ones keep theirs, and the throttled survivor still completes.
 * Two concurrent launches on a tiny tmpfs (both roots on it) that the test
   fills while they copy: each fails with ``staging.no_space`` and leaves no
-  ``.building-*`` child (one that already finished under a very slow start of
-  the other is accepted); cleanup removes the orphaned children; the file
-  system gets all its space back.
+  ``.building-*`` child (the first failure frees its partial copy, so the
+  other may then finish; that is accepted); cleanup removes the orphaned
+  children; the file system gets all its space back.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from tests.launcher.test_cleanup import Stager
 
 KILN_TEACHER = Path(sys.executable).with_name("kiln-teacher")
 CHUNK = 1 << 20
+OUTCOME_WAIT_S = 60.0
 TMPFS_SIZE = "72m"  # one tiny model plus the default 64 MiB headroom, not much more
 
 
@@ -116,13 +118,21 @@ def _fill(point: Path) -> int:
     return written
 
 
-def _outcome(stager: Stager) -> str:
-    """``staged``, or ``failed`` once the process exited without staging."""
-    try:
-        stager.wait_for("staged")
-    except AssertionError:
-        return "failed"
-    return "staged"
+def _outcome(stager: Stager, snaps: Path) -> tuple[str, str]:
+    """``("failed", stderr)`` once the process exited, ``("staged", "")`` once its ready-* exists.
+
+    (Read from the file system rather than with ``Stager.wait_for``, which
+    spins until its deadline on an exited process: select reports end-of-file
+    as readable.)
+    """
+    deadline = time.monotonic() + OUTCOME_WAIT_S
+    while time.monotonic() < deadline:
+        if stager.proc.poll() is not None:
+            return "failed", stager.stderr()
+        if any("/ready-" in child for child in _children_of(stager, snaps)):
+            return "staged", ""
+        time.sleep(0.05)
+    raise AssertionError("the stager neither failed nor staged")
 
 
 @pytest.mark.slow
@@ -138,12 +148,14 @@ def test_disk_filled_while_two_launches_copy(
         for stager in racing:
             stager.wait_for("copying")
         assert _fill(point) > 0
-        outcomes = [_outcome(stager) for stager in racing]
-        # Normally both were mid-copy; one that finished before the fill is legitimate.
-        assert "failed" in outcomes, outcomes
-        for stager, outcome in zip(racing, outcomes, strict=True):
+        results = [_outcome(stager, snaps) for stager in racing]
+        outcomes = [outcome for outcome, _ in results]
+        # Both were mid-copy.  The first to fail removes its partial copy, which
+        # may free enough for the other to finish: that outcome is legitimate.
+        assert "failed" in outcomes, results
+        for stager, (outcome, stderr) in zip(racing, results, strict=True):
             if outcome == "failed":
-                assert "staging.no_space" in stager.stderr()
+                assert "staging.no_space" in stderr, stderr
                 assert not _children_of(stager, snaps), entries(snaps)  # no .building-* left
             stager.kill()
         report = _cleanup(snaps, caches)

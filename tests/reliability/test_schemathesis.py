@@ -12,7 +12,7 @@ success paths.  The schema itself is not changed.
 
 Checks: no 5xx, every response conforms to the schema (status code, content
 type, headers, body), invalid requests are refused.  The run is bounded (a
-fixed seed, a per-operation example cap, a total time cap, no shrinking) and
+fixed seed, a per-operation example cap, a subprocess deadline, no shrinking) and
 the number of cases is recorded in the JSON report; the terminal summary
 line prints it.
 """
