@@ -19,7 +19,6 @@ Imports: standard library, numpy, ``kiln_registry.errors``,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -30,7 +29,7 @@ from kiln_registry.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
 from kiln_registry.jobs.corpus import ROW_FORMAT, ROW_KEYS
-from kiln_registry.jobs.sources import EXTRA_CONTEXT_TOKENS, token_ids_sha256
+from kiln_registry.jobs.sources import EXTRA_CONTEXT_TOKENS, strict_json, token_ids_sha256
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 MAX_ROW_BYTES: Final = 256 << 20
@@ -51,24 +50,9 @@ def _error(where: str, rule: str, message: str) -> InputError:
     return InputError(f"{where}: {message}", rule=f"corpus.{rule}")
 
 
-def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key[:40]!r}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _loads(raw: bytes, where: str) -> Any:
     try:
-        return json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_strict_object, parse_constant=_no_constant
-        )
+        return strict_json(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _error(where, "json", f"not strict JSON ({exc})") from None
 

@@ -198,7 +198,7 @@ def _open_confined(path: Path, base: Path) -> BinaryIO:
         raise
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
@@ -207,15 +207,21 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _refuse_constant(name: str) -> float:
+def strict_json(raw: bytes) -> Any:
+    """UTF-8 JSON without duplicate keys or NaN/Infinity (ValueError otherwise)."""
+    text = raw.decode("utf-8")
+    return json.loads(
+        text, object_pairs_hook=no_duplicate_keys, parse_constant=refuse_json_constant
+    )
+
+
+def refuse_json_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
 
 def _parse_line(raw: bytes, where: str) -> tuple[str, list[object]]:
     try:
-        value = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant
-        )
+        value = strict_json(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _invalid(where, "corpus_json", f"not a strict JSON object ({exc})") from None
     if not isinstance(value, dict) or set(value) != CORPUS_KEYS:

@@ -14,12 +14,11 @@ JSON-escaped forms, and for any 16-character piece of it.  Zero hits.
 ``kiln-teacher --dry-run`` and its error paths get the same scan of their
 stdout and stderr with the key given as ``--api-key``.
 
-A teacher that reflects the key in another form (a prefix cut by the
-probe's 80-character quote, base64, URL-encoded) into a field the probe
-quotes is the known gap named in the brief; ``test_reflected_key_forms``
-checks each form and is marked ``xfail(strict=True)`` for the forms that
-still leak, so the suite stays green while the gap exists and turns red
-the moment it is closed (then drop the marker).
+``test_reflected_key_forms`` has a teacher reflect the key into the
+``model`` field of a 200 answer in every form (raw, after ``Bearer``, as a
+prefix cut by an 80-character quote, base64, URL-encoded).  Redaction alone
+only catches the raw value; the probe must not quote response text of an
+authenticated request at all (the gap this test exposed, closed since).
 """
 
 from __future__ import annotations
@@ -220,19 +219,7 @@ def test_planted_secrets_leak_nowhere_in_the_registry(
     print(f"secret scan: {len(texts)} texts, {len(SECRETS)} secrets, {len(hits)} hits")
 
 
-GAP_FORMS = ("truncated", "base64", "urlencoded")
-
-
-@pytest.mark.parametrize(
-    "form",
-    [
-        "verbatim",
-        "bearer",
-        *[pytest.param(form, marks=pytest.mark.xfail(strict=True, reason="known gap: the probe"
-                       " quotes the response model field; redaction only knows the raw value"))
-          for form in GAP_FORMS],
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("form", sorted(ft.REFLECTIONS))
 def test_reflected_key_forms(
     tmp_path: Path,
     tiny_model: TinyModel,
@@ -256,6 +243,7 @@ def test_reflected_key_forms(
     assert mirror.authorizations == [f"Bearer {secret}"]
     texts = [("response", _response_text(response)), *_database_texts(tmp_path)]
     assert scan(texts, [secret]) == [], response.text
+    assert "withheld" in response.text  # the probe no longer quotes an authenticated answer
 
 
 KILN_TEACHER = Path(sys.executable).with_name("kiln-teacher")
