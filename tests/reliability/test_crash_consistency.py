@@ -16,10 +16,13 @@
   registry and imports a legacy ``teachers.json`` at start-up, at the first
   sign of a write transaction and at delays after it; the restart finishes
   the migration and no planted secret survives.
+* SIGKILL of ``kiln serve`` twice during a scoring job (after 3 and 15 of 40
+  sequences), each followed by a restart: the database stays intact, the
+  job's sequence set is complete, every score-cache row is whole, and the
+  job finally succeeds (one attempt per start) with no ``.partial`` file.
 
 No hooks in the product: the kill points are chosen from outside (teacher
-requests seen, files appearing).  Jobs are not covered here yet (see
-docs/reliability.md).
+requests seen, files appearing, job progress).
 """
 
 from __future__ import annotations
@@ -40,11 +43,15 @@ import httpx
 import pytest
 
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.jobs.models import JOB_STATUSES, TERMINAL_STATUSES
+from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.reference_teacher.model import ReferenceTeacher
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.conftest import reference  # noqa: F401  (session fixture)
 from tests.api.support import RegistryServer, ServerProcess, remote, run_registry, write_config
+from tests.jobs.harness import Controlled, student_identity
+from tests.probe.teacher_server import TeacherServer
 from tests.reliability import faulty_teachers as ft
 from tests.test_legacy_crash import LEGACY_ROWS, REGISTRY, SECRET, _legacy_db
 
@@ -274,3 +281,76 @@ def test_sigkill_during_the_legacy_migration(
         if file.is_file():
             assert SECRET.encode() not in file.read_bytes(), file.name
     print(f"migration kill +{delay}s left the database {left}")
+
+
+# -- SIGKILL during a job ----------------------------------------------------------------
+
+JOB_SEQUENCES = [[i % 500 + 1, (i * 7) % 500 + 1, 3] for i in range(40)]
+JOB_KILLS_AT = (3, 15)  # sequences done when the server is killed
+
+
+def assert_jobs_consistent(database: Path) -> list[tuple[str, str]]:
+    """Every job row valid and its sequence set complete; every cache row whole."""
+    assert _rows(database, "PRAGMA integrity_check") == [("ok",)]
+    jobs = _rows(database, "SELECT id, status, sequence_count FROM jobs")
+    for job_id, status, count in jobs:
+        assert status in JOB_STATUSES, status
+        stored = _rows(database, f"SELECT count(*) FROM job_sequences WHERE job_id = '{job_id}'")
+        assert stored == [(count,)], (job_id, stored, count)
+    for rows, ids, lps, tokens in _rows(database, "SELECT row_count, length(topk_ids), "
+                                        "length(topk_logprobs), length(token_logprobs) "
+                                        "FROM score_cache"):  # fmt: skip
+        assert rows > 0 and ids > 0 and lps > 0 and tokens > 0
+    return [(job_id, status) for job_id, status, _ in jobs]
+
+
+def _job_config(directory: Path, student: Path) -> Path:
+    config = write_config(directory, student=student)
+    with config.open("a", encoding="utf-8") as out:
+        out.write(f'\n[jobs]\nconcurrency = 1\nresult_root = "{directory / "results"}"\n')
+    return config
+
+
+def _wait_done(url: str, job_id: str, done: int) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        job: dict[str, Any] = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+        if job["status"] in TERMINAL_STATUSES or job["progress"]["done"] >= done:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_job_then_restart(tmp_path: Path, tiny_model: TinyModel) -> None:
+    config = _job_config(tmp_path, tiny_model.path)
+    database = tmp_path / "registry.db"
+    identity = student_identity(student_vocab(tiny_model.path)[0])
+    with TeacherServer(Controlled(identity, delay_s=0.03)) as teacher:
+        job_id = ""
+        for n, done in enumerate((*JOB_KILLS_AT, len(JOB_SEQUENCES))):
+            with ServerProcess(config, tmp_path / f"job{n}.log") as server:
+                server.wait_ready()
+                if not job_id:
+                    job_id = _submit_job(server.url, f"http://127.0.0.1:{teacher.port}")
+                job = _wait_done(server.url, job_id, done)
+                if done < len(JOB_SEQUENCES):
+                    server.kill()
+                else:
+                    server.stop()
+            states = assert_jobs_consistent(database)
+            assert_consistent(database)
+            assert [row_id for row_id, _ in states] == [job_id]
+    assert job["status"] == "succeeded", job
+    assert job["attempts"] == len(JOB_KILLS_AT) + 1
+    assert not list((tmp_path / "results").glob(".*.partial"))
+    print(f"job kills: {len(JOB_KILLS_AT)}, final {job['status']} after {job['attempts']} attempts")
+
+
+def _submit_job(url: str, teacher: str) -> str:
+    with httpx.Client(base_url=url, timeout=30, trust_env=False) as http:
+        assert http.post("/v1/teachers", json=remote("t", teacher)).status_code == 200
+        body = {"kind": "teacher_scoring", "teacher": "t", "top_k": 2, "sequences": JOB_SEQUENCES}
+        submitted = http.post("/v1/jobs", json=body)
+        assert submitted.status_code in (200, 201, 202), submitted.text
+        return str(submitted.json()["id"])

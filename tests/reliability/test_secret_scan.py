@@ -5,11 +5,12 @@ holds its own distinctive secret, and the TLS reference teacher's API key is
 one of them.  The test registers (success, wrong key, a teacher echoing the
 Authorization header in a 500 body, a teacher reflecting the key into the
 ``model`` field of a 200, an origin mismatch, a teacher that is down, secrets
-pasted into request fields), re-probes, reads receipts and metrics, then
+pasted into request fields), re-probes, runs a scoring job against the
+credentialed teacher, reads receipts, the job, its result and metrics, then
 scans every response (status, headers, body), every log line (tracebacks
-included), the database file and its ``-wal``/``-shm`` for each secret in
-its raw, base64 (every alignment, both alphabets), URL-encoded and
-JSON-escaped forms, and for any 16-character piece of it.  Zero hits.
+included), the database file and its ``-wal``/``-shm`` and the job's result
+files for each secret in its raw, base64 (every alignment, both alphabets),
+URL-encoded and JSON-escaped forms, and for any 16-character piece of it.  Zero hits.
 
 ``kiln-teacher --dry-run`` and its error paths get the same scan of their
 stdout and stderr with the key given as ``--api-key``.
@@ -27,6 +28,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -37,6 +39,7 @@ import httpx
 import pytest
 
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.jobs.models import TERMINAL_STATUSES
 from kiln_registry.reference_teacher.model import ReferenceTeacher
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.conftest import (  # noqa: F401  (session fixtures)
@@ -61,6 +64,9 @@ from tests.reliability import faulty_teachers as ft
 
 Reference = tuple[ReferenceTeacher, TeacherIdentity]
 WINDOW = 16
+JOB_SEQUENCES = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
+JOB_WAIT_S = 60.0
+JOB = {"kind": "teacher_scoring", "teacher": "ok", "top_k": 4, "sequences": JOB_SEQUENCES}
 # KEY_ENV is also the TLS reference teacher's own key (it reads the variable in this process).
 SECRETS = {
     KEY_ENV: "sk-R10ok/Wq7+Zr=Hx9!Lm2~Pd4#Tf8$Ab",
@@ -156,6 +162,7 @@ def _requests(tls: str, hostile: Hostile) -> list[tuple[str, str, object]]:
     return [
         ("POST", "/v1/teachers", remote("ok", tls + "/v1", credential_id="ok")),
         ("POST", "/v1/teachers/ok/probe", None),
+        ("POST", "/v1/jobs", JOB),
         ("GET", "/v1/teachers/ok", None),
         ("POST", "/v1/teachers", remote("wrong-key", tls + "/v1", credential_id="wrong")),
         ("POST", "/v1/teachers", remote("echo", echo, credential_id="echo")),
@@ -183,8 +190,24 @@ def _serve_and_record(
         server.wait_ready()
         with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as http:
             responses = [http.request(m, path, json=body) for m, path, body in requests]
+            responses += _job_responses(http, requests, responses)
         assert server.stop() in CLEAN_EXIT
         return responses, server.output()
+
+
+def _job_responses(
+    http: httpx.Client, requests: list[tuple[str, str, object]], responses: list[httpx.Response]
+) -> list[httpx.Response]:
+    """Wait for the submitted job (scored by the credentialed teacher); its status and result."""
+    submitted = responses[[path for _, path, _ in requests].index("/v1/jobs")]
+    assert submitted.status_code in (200, 201, 202), submitted.text
+    job_id = submitted.json()["id"]
+    deadline = time.monotonic() + JOB_WAIT_S
+    while (job := http.get(f"/v1/jobs/{job_id}")).json()["status"] not in TERMINAL_STATUSES:
+        assert time.monotonic() < deadline, job.text
+        time.sleep(0.05)
+    assert job.json()["status"] == "succeeded", job.text
+    return [job, http.get(f"/v1/jobs/{job_id}/result"), http.get("/v1/jobs")]
 
 
 @pytest.mark.slow
@@ -202,18 +225,22 @@ def test_planted_secrets_leak_nowhere_in_the_registry(
         credentials = _credentials(tls_teacher.origin, hostile)
         config = write_config(tmp_path, student=tiny_model.path, server=server,
                               credentials=credentials)  # fmt: skip
+        with config.open("a", encoding="utf-8") as out:
+            out.write(f'\n[jobs]\nresult_root = "{tmp_path / "results"}"\n')
         requests = _requests(tls_teacher.origin, hostile)
         responses, log = _serve_and_record(tmp_path, config, requests)
     statuses = [r.status_code for r in responses]
-    assert statuses[:3] == [200, 200, 200], [r.text for r in responses[:3]]
+    assert statuses[:3] == [200, 200, 201], [r.text for r in responses[:3]]
     assert all(s < 500 or s == 502 for s in statuses), statuses
     # The secrets really were in flight: the hostile teachers received them.
     assert hostile.echo.authorizations and hostile.mirror.authorizations
     assert "DEBUG" in log and "/v1/teachers" in log
-    texts = [(f"response {i} {m} {p}", _response_text(r))
-             for i, ((m, p, _), r) in enumerate(zip(requests, responses, strict=True))]  # fmt: skip
+    labels = [f"{m} {p}" for m, p, _ in requests] + ["job", "job result", "job list"]
+    texts = [(f"response {i} {label}", _response_text(r))
+             for i, (label, r) in enumerate(zip(labels, responses, strict=True))]  # fmt: skip
     texts += [(f"log line {n}", line) for n, line in enumerate(log.splitlines(), 1)]
     texts += _database_texts(tmp_path)
+    texts += [(p.name, p.read_bytes().decode("latin-1")) for p in (tmp_path / "results").iterdir()]
     hits = scan(texts, SECRETS.values())
     assert hits == [], hits
     print(f"secret scan: {len(texts)} texts, {len(SECRETS)} secrets, {len(hits)} hits")
