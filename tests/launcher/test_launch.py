@@ -61,8 +61,9 @@ def test_adapter_argv_exactly() -> None:
         '{"name":"teacher","path":"/s/ready-1-aa/adapter",'
         '"base_model_name":"kiln-base-0123456789abcdef"}'
     )
+    owned = ["--served-model-name=kiln-base-0123456789abcdef", *OWNED[1:]]
     assert _argv(adapter) == [
-        PY, "-m", "vllm.entrypoints.cli.main", "serve", "/s/ready-1-aa/model", *OWNED,
+        PY, "-m", "vllm.entrypoints.cli.main", "serve", "/s/ready-1-aa/model", *owned,
         "--enable-lora", "--max-loras=1", "--max-cpu-loras=1", "--max-lora-rank=16",
         f"--lora-modules={module}", "--port=8001", "--api-key=k", "--dtype=float32",
     ]  # fmt: skip

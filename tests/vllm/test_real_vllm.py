@@ -95,15 +95,6 @@ def test_stock_vllm_is_refused(tiny_model: TinyModel, registry: Registry, tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-ADAPTER_ARGV_BUG = (
-    "launcher.launch.vllm_server_argv passes --served-model-name=<served id> for an adapter "
-    "deployment, so vLLM refuses the LoRA module of the same name at start-up ('conflicts with "
-    "a served base model'); the base must be served as kiln-base-<16 hex>.  Remove this "
-    "marker when the launcher is fixed (strict: the test then passes and XPASS fails)."
-)
-
-
-@pytest.mark.xfail(strict=True, reason=ADAPTER_ARGV_BUG, raises=AssertionError)
 def test_adapter_base_alias_is_refused(
     tiny_model: TinyModel, tiny_adapter: Path, registry: Registry, tmp_path: Path
 ) -> None:
