@@ -36,11 +36,12 @@ DEMO = [sys.executable, "-m", "kiln_registry.cli.main", "demo"]
 
 
 def _alive(pid: int) -> bool:
+    """A live process (a zombie waiting for this sandbox's init to reap it is not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _demo_env() -> dict[str, str]:

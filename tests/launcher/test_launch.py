@@ -165,7 +165,6 @@ def _fake_vllm_venv(root: Path) -> Path:
 def test_real_launch_path_with_a_stand_in_vllm(
     tmp_path: Path, tiny_model: TinyModel, tiny_adapter: Path
 ) -> None:
-    import os
     import signal
     import subprocess
     import time
@@ -225,5 +224,7 @@ def test_real_launch_path_with_a_stand_in_vllm(
     assert not any(p.name.startswith(("ready-", ".building-")) for p in snapshots.iterdir())
     assert not any(p.name.startswith("cache-") for p in caches.iterdir())
     assert not Path(started["env"]["TMPDIR"]).exists()
-    with pytest.raises(ProcessLookupError):
-        os.killpg(server, 0)
+    # Zombies may linger until this sandbox's init reaps them; none may be alive.
+    from kiln_registry.launcher.supervisor import group_members
+
+    assert group_members(server) == []
