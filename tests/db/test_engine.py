@@ -20,12 +20,7 @@ from kiln_registry.db.engine import (
     upgrade_to_head,
 )
 from kiln_registry.errors import ConfigError
-
-LEGACY_DDL = (
-    "CREATE TABLE teachers (alias TEXT PRIMARY KEY, kind TEXT NOT NULL, provider TEXT, "
-    "model_id TEXT, url TEXT, api_key_env TEXT, notes TEXT, spec_json TEXT NOT NULL, "
-    "created_at TEXT NOT NULL)"
-)
+from tests.db.test_legacy_sqlite import LEGACY_DDL
 
 BROKEN_REVISION = '''"""A revision that fails halfway, for the single-transaction test."""
 

@@ -121,6 +121,17 @@ def _load_revision(name: str) -> ModuleType:
     return module
 
 
+def _refused_upgrade(path: Path) -> ConfigError:
+    """The refusal of an upgrade of the database at ``path`` (which must be refused)."""
+    eng = open_engine(path)
+    try:
+        with pytest.raises(ConfigError) as info:
+            upgrade_to_head(eng)
+    finally:
+        eng.dispose()
+    return info.value
+
+
 def test_frozen_copies_of_the_rules_stay_equal() -> None:
     assert _load_revision("0000_legacy_base.py").LEGACY_TEACHERS_DDL == LEGACY_DDL
     initial = _load_revision("0001_initial.py")
@@ -270,13 +281,7 @@ def test_near_legacy_schemas_are_not_touched(tmp_path: Path, statements: list[st
         conn.execute(statement)
     conn.close()
     schema = _query(path, "SELECT sql FROM sqlite_master ORDER BY name")
-    eng = open_engine(path)
-    try:
-        with pytest.raises(ConfigError) as info:
-            upgrade_to_head(eng)
-    finally:
-        eng.dispose()
-    assert info.value.rule == "db.unrecognised"
+    assert _refused_upgrade(path).rule == "db.unrecognised"
     assert _query(path, "SELECT sql FROM sqlite_master ORDER BY name") == schema
 
 
@@ -285,13 +290,7 @@ def test_a_stamped_legacy_base_from_a_newer_release_is_refused(legacy_db: Path) 
     conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
     conn.execute("INSERT INTO alembic_version VALUES ('0042_from_the_future')")
     conn.close()
-    eng = open_engine(legacy_db)
-    try:
-        with pytest.raises(ConfigError) as info:
-            upgrade_to_head(eng)
-    finally:
-        eng.dispose()
-    assert info.value.rule == "db.newer_revision"
+    assert _refused_upgrade(legacy_db).rule == "db.newer_revision"
     assert _query(legacy_db, "SELECT api_key_env FROM teachers WHERE alias = 'fix'") == [(SECRET,)]
 
 
@@ -320,11 +319,5 @@ def test_more_legacy_rows_than_the_bound_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
     rows = [(f"a{i}", "fixture", None, None, None, None, None, "{}", "t") for i in range(10_001)]
     _write_legacy(path, rows)
-    eng = open_engine(path)
-    try:
-        with pytest.raises(ConfigError) as info:
-            upgrade_to_head(eng)
-    finally:
-        eng.dispose()
-    assert info.value.rule == "legacy.too_many"
+    assert _refused_upgrade(path).rule == "legacy.too_many"
     assert _query(path, "SELECT COUNT(*) FROM teachers") == [(10_001,)]
