@@ -2,22 +2,26 @@
 
 Starts the reference teacher (``kiln reference-teacher``, tiny Llama, K <= 8,
 64 tokens) and a registry (``kiln serve``) as child processes on loopback,
-registers the teacher, writes a corpus of 2,000 sequences (8..48 tokens,
-seeded), then in the same run measures:
+registers the teacher, then in the same run, for each of ``--rounds``
+rounds with its own corpus of 2,000 seeded sequences (8..48 tokens), measures:
 
-* the teacher's own capacity: the job's exact requests (each sequence plus
-  its causal final-row probe token, ``prompt_logprobs = K``) sent directly
-  with httpx at ``[jobs] concurrency`` in flight, bodies read in full; run
-  before and after the cold job, the faster run is the baseline;
-* the cold job: submit -> succeeded, from the server's own ``created_at`` and
-  ``finished_at`` (probes, scoring, verification, cache writes and the
-  published corpus included);
-* the cached re-run of the same corpus (every sequence a cache hit).
+* the teacher's own capacity: that round's exact requests (each sequence
+  plus its causal final-row probe token, ``prompt_logprobs = K``) sent
+  directly with httpx at ``[jobs] concurrency`` in flight, bodies read in
+  full;
+* the cold job over that round's corpus: submit -> succeeded, from the
+  server's own ``created_at`` and ``finished_at`` (probes, scoring,
+  verification, cache writes and the published corpus included).
+
+The two arms alternate which goes first from round to round, so neither
+always runs on the warmer or the quieter machine; the cold/capacity figure is
+the median of the per-round ratios.  Last, the cached re-run of the final
+round's corpus (every sequence a cache hit) against that round's cold job.
 
 Targets: cached >= 50x faster than cold; cold throughput >= 0.9x the
 teacher's capacity.  Prints one JSON document.
 
-    .venv/bin/python bench/bench_jobs.py [--sequences 2000] [--concurrency 4] [--k 8]
+    .venv/bin/python bench/bench_jobs.py [--sequences 2000] [--concurrency 4] [--k 8] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 import platform
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,8 +91,8 @@ def registry(config: Path, tmp: Path, url: str) -> subprocess.Popen[bytes]:
         time.sleep(0.1)
 
 
-def corpus(path: Path, count: int) -> list[list[int]]:
-    rng = random.Random(8)
+def corpus(path: Path, count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
     seqs = [[rng.randrange(512) for _ in range(rng.randint(8, 48))] for _ in range(count)]
     with path.open("w", encoding="utf-8") as out:
         for i, seq in enumerate(seqs):
@@ -138,12 +143,12 @@ def _stamp(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
 
 
-def run_job(url: str, k: int) -> dict[str, Any]:
+def run_job(url: str, k: int, name: str) -> dict[str, Any]:
     body = {
         "kind": "teacher_scoring",
         "teacher": "ref",
         "top_k": k,
-        "corpus": {"path": "bench.jsonl"},
+        "corpus": {"path": name},
     }
     # One client for the whole poll: a new client per poll costs CPU the job needs.
     with httpx.Client(base_url=url, timeout=120, trust_env=False) as http:
@@ -154,7 +159,46 @@ def run_job(url: str, k: int) -> dict[str, Any]:
     assert job["status"] == "succeeded", job
     stamps = job["timestamps"]
     job["seconds"] = _stamp(stamps["finished_at"]) - _stamp(stamps["created_at"])
+    job["phases_s"] = {
+        name.removesuffix("_at"): round(_stamp(value) - _stamp(stamps["created_at"]), 3)
+        for name, value in stamps.items()
+        if value and name not in ("created_at", "updated_at")
+    }
     return dict(job)
+
+
+def rounds(
+    args: argparse.Namespace, t_url: str, url: str, pids: dict[str, int], seqs: list[Any]
+) -> list[dict[str, Any]]:
+    """Each round: the direct arm and the cold job over the same corpus, order alternating."""
+    out = []
+    for index, round_seqs in enumerate(seqs):
+
+        def send(batch: list[list[int]] = round_seqs) -> float:
+            return asyncio.run(direct(t_url, batch, args.k, args.concurrency))
+
+        def cold(name: str = f"round{index}.jsonl") -> dict[str, Any]:
+            return run_job(url, args.k, name)
+
+        if index % 2 == 0:
+            direct_s, cpu_direct = measured(pids, send)
+            job, cpu_cold = measured(pids, cold)
+        else:
+            job, cpu_cold = measured(pids, cold)
+            direct_s, cpu_direct = measured(pids, send)
+        out.append(
+            {
+                "direct_seconds": round(direct_s, 3),
+                "cold_job_seconds": round(job["seconds"], 3),
+                "cold_vs_capacity": round(direct_s / job["seconds"], 3),
+                "progress": job["progress"],
+                "result_bytes": job["result"]["bytes"],
+                "cpu_seconds_direct": cpu_direct,
+                "cpu_seconds_cold_job": cpu_cold,
+            }
+        )
+        print(json.dumps(out[-1]), file=sys.stderr)
+    return out
 
 
 def main() -> None:
@@ -162,6 +206,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--teacher-threads", type=int, default=1)
     args = parser.parse_args()
     from kiln_registry.testing.tiny_models import build_tiny_llama
@@ -170,7 +215,10 @@ def main() -> None:
         tmp = Path(raw)
         model = build_tiny_llama(tmp / "model").path
         (tmp / "corpora").mkdir()
-        seqs = corpus(tmp / "corpora" / "bench.jsonl", args.sequences)
+        seqs = [
+            corpus(tmp / "corpora" / f"round{i}.jsonl", args.sequences, seed=8 + i)
+            for i in range(args.rounds)
+        ]
         port = 18000 + os.getpid() % 1000
         config = tmp / "kiln.toml"
         config.write_text(
@@ -192,44 +240,34 @@ def main() -> None:
             }
             assert httpx.post(url + "/v1/teachers", json=reg, timeout=60).status_code == 200
             pids = {"teacher": t_proc.pid, "registry": r_proc.pid, "bench": os.getpid()}
-            asyncio.run(direct(t_url, seqs[:200], args.k, args.concurrency))  # warm-up
-
-            def send() -> float:
-                return asyncio.run(direct(t_url, seqs, args.k, args.concurrency))
-
-            direct_1, cpu_direct = measured(pids, send)
-            cold, cpu_cold = measured(pids, lambda: run_job(url, args.k))
-            direct_2, _ = measured(pids, send)
-            cached = run_job(url, args.k)
+            warm = [[(7 * i + j) % 512 for j in range(8 + i % 40)] for i in range(200)]
+            asyncio.run(direct(t_url, warm, args.k, args.concurrency))
+            measured_rounds = rounds(args, t_url, url, pids, seqs)
+            cached = run_job(url, args.k, f"round{args.rounds - 1}.jsonl")
         finally:
             for proc in (r_proc, t_proc):
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(30)
-    baseline = min(direct_1, direct_2)
-    n = args.sequences
+    ratios = [r["cold_vs_capacity"] for r in measured_rounds]
+    last_cold = measured_rounds[-1]["cold_job_seconds"]
     report = {
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
-        "sequences": n,
+        "sequences": args.sequences,
         "k": args.k,
         "concurrency": args.concurrency,
-        "teacher_direct_seconds": [round(direct_1, 3), round(direct_2, 3)],
-        "teacher_capacity_seq_per_s": round(n / baseline, 1),
-        "cold_job_seconds": round(cold["seconds"], 3),
-        "cold_job_seq_per_s": round(n / cold["seconds"], 1),
-        "cold_vs_capacity": round(baseline / cold["seconds"], 3),
+        "rounds": measured_rounds,
+        "cold_vs_capacity_median": round(statistics.median(ratios), 3),
+        "cold_vs_capacity_min": min(ratios),
         "cached_job_seconds": round(cached["seconds"], 3),
-        "cached_speedup": round(cold["seconds"] / cached["seconds"], 1),
-        "cold_progress": cold["progress"],
+        "cached_speedup": round(last_cold / cached["seconds"], 1),
         "cached_progress": cached["progress"],
-        "result_bytes": cold["result"]["bytes"],
-        "cpu_seconds_direct": cpu_direct,
-        "cpu_seconds_cold_job": cpu_cold,
+        "cached_phases_s": cached["phases_s"],
         "load_average": os.getloadavg(),
-        "targets": {"cached_speedup": ">= 50", "cold_vs_capacity": ">= 0.9"},
+        "targets": {"cached_speedup": ">= 50", "cold_vs_capacity_median": ">= 0.9"},
     }
     print(json.dumps(report, indent=2))
 

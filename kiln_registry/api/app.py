@@ -13,7 +13,6 @@ database and the probe only through ``teachers_service``.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,16 +24,10 @@ from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.errors import install_error_handlers
 from kiln_registry.api.limits import RequestBodyLimit
 from kiln_registry.api.routes import jobs, system, teachers
+from kiln_registry.probe.wire import teacher_tls_context
 
 API_TITLE = "kiln-registry"
 API_VERSION = "1.0.0"
-
-
-def teacher_tls_context(ca_file: Path | None) -> ssl.SSLContext:
-    """TLS verification for teachers: the system store, or exactly the given CA bundle."""
-    if ca_file is None:
-        return ssl.create_default_context()
-    return ssl.create_default_context(cafile=str(ca_file))
 
 
 def outbound_client(

@@ -36,6 +36,7 @@ from kiln_registry.jobs.service import pin_teacher
 from kiln_registry.jobs.state import ClaimedJob, ClaimLost, JobCancelled, JobEnvironment
 from kiln_registry.probe.client import SecretSource, probe_teacher
 from kiln_registry.probe.report import ProbeReport, attached_report
+from kiln_registry.probe.wire import TeacherWire
 
 log = logging.getLogger("kiln_registry.jobs")
 
@@ -84,13 +85,23 @@ class JobRun:
         while True:
             await self._wait_for_device()
             await asyncio.to_thread(self._check_spec)
-            target = await self._probe()
+            url, secret = await self._probe()
             if await asyncio.to_thread(self.claimed.lease, utc_timestamp()) is not None:
                 break
         now = utc_timestamp()
         await asyncio.to_thread(self.claimed.update, status="running", scoring_started_at=now)
-        self.pipeline = ScoringPipeline(self.claimed, target)
-        await self.pipeline.run()
+        env = self.claimed.env
+        tls = env.teacher_tls if url.startswith("https:") else None
+        async with TeacherWire(url, tls=tls, max_idle=env.config.jobs.concurrency) as wire:
+            target = ScoringTarget(
+                wire=wire,
+                model_id=self.job.teacher_model_id,
+                secret=secret,
+                identity=self.claimed.identity,
+                k=self.job.top_k,
+            )
+            self.pipeline = ScoringPipeline(self.claimed, target)
+            await self.pipeline.run()
 
     async def _wait_for_device(self) -> None:
         while True:
@@ -134,7 +145,8 @@ class JobRun:
 
     # -- phase (b) -------------------------------------------------------------
 
-    async def _probe(self) -> ScoringTarget:
+    async def _probe(self) -> tuple[str, SecretSource | None]:
+        """Both probes against the pinned spec; the completions URL and its secret."""
         job, env, identity = self.job, self.claimed.env, self.claimed.identity
         resolved = resolve_teacher_endpoint(
             job.teacher_url,
@@ -152,14 +164,7 @@ class JobRun:
                 rule="job.identity_changed",
             )
         await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
-        return ScoringTarget(
-            http=env.http,
-            completions_url=url,
-            model_id=job.teacher_model_id,
-            secret=resolved.secret,
-            identity=identity,
-            k=job.top_k,
-        )
+        return url, resolved.secret
 
     async def _probe_once(self, url: str, secret: SecretSource | None) -> ProbeReport:
         env = self.claimed.env

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class JobEnvironment:
     config: KilnConfig
     sessions: sessionmaker[Session]
     http: httpx.AsyncClient
+    teacher_tls: ssl.SSLContext
     student: StudentView | None
     probe_limiter: ProbeLimiter
     count_probe: Callable[[str, float], None] | None = None

@@ -111,15 +111,22 @@ def _write_all(fd: int, data: memoryview) -> None:
 # Advisory only: the fsync that makes the file durable is unchanged.
 _WRITEBACK_STEP = 16 * 1024 * 1024
 _SYNC_FILE_RANGE_WRITE = 2
-_sync_file_range = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
-if _sync_file_range is not None:
-    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    _sync_file_range.restype = ctypes.c_int
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range`` (Linux), looked up on first use; None elsewhere."""
+    function = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        function.restype = ctypes.c_int
+    return function
 
 
 def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    if _sync_file_range is not None:
-        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+    function = _sync_file_range()
+    if function is not None:
+        function(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 def copy_and_hash(

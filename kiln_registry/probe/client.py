@@ -115,7 +115,24 @@ def completion_request(model_id: str, prompt: Sequence[int], k: int) -> dict[str
     }
 
 
-def _headers(secret: SecretSource | None) -> dict[str, str]:
+def check_head(status: int, encoding: str | None, declared: str | None, limit: int) -> None:
+    """The response head's rules: no redirect, no content coding, Content-Length in bounds."""
+    if 300 <= status < 400:
+        fail("redirect", f"teacher answered HTTP {status}; redirects are refused")
+    encoding = (encoding or "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        fail("content_encoding", f"teacher used Content-Encoding {encoding[:40]!r}")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        fail("body_too_large", f"Content-Length {declared} exceeds the bound of {limit} bytes")
+
+
+def body_cap(status: int, limit: int) -> int:
+    """How much of a body is read: all of a 2xx up to ``limit``, at most 64 KiB of an error."""
+    return limit if status < 300 else min(limit, ERROR_BODY_READ_LIMIT)
+
+
+def request_headers(secret: SecretSource | None) -> dict[str, str]:
+    """Kiln's request headers; the bearer value is read from ``secret`` now, never kept."""
     headers = {
         "content-type": "application/json",
         "accept": "application/json",
@@ -126,20 +143,9 @@ def _headers(secret: SecretSource | None) -> dict[str, str]:
     return headers
 
 
-def _check_head(response: httpx.Response, limit: int) -> None:
-    if 300 <= response.status_code < 400:
-        fail("redirect", f"teacher answered HTTP {response.status_code}; redirects are refused")
-    encoding = response.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        fail("content_encoding", f"teacher used Content-Encoding {encoding[:40]!r}")
-    declared = response.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        fail("body_too_large", f"Content-Length {declared} exceeds the bound of {limit} bytes")
-
-
 async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
     """Read at most ``limit`` bytes; a 2xx body over the bound is refused."""
-    cap = limit if response.status_code < 300 else min(limit, ERROR_BODY_READ_LIMIT)
+    cap = body_cap(response.status_code, limit)
     body = bytearray()
     async for chunk in response.aiter_raw():
         if len(body) + len(chunk) > cap:
@@ -184,12 +190,17 @@ async def exchange(
                 "POST",
                 url,
                 content=content,
-                headers=_headers(secret),
+                headers=request_headers(secret),
                 timeout=httpx.Timeout(timeout_s),
                 follow_redirects=False,
             ) as response:
                 got_head = True
-                _check_head(response, limit)
+                check_head(
+                    response.status_code,
+                    response.headers.get("content-encoding"),
+                    response.headers.get("content-length"),
+                    limit,
+                )
                 body = await _read_bounded(response, limit)
                 status = response.status_code
     except (TimeoutError, httpx.HTTPError) as exc:

@@ -39,6 +39,12 @@ _POW10_F = np.array([10.0**n for n in range(23)], dtype=np.float64)
 _POW5 = np.array([5**n for n in range(18)], dtype=np.uint64)
 
 
+def _clamp(x: I64, low: int, high: int) -> I64:
+    """``np.clip`` for int64 index arrays, without its per-call dtype-limit checks."""
+    clamped: I64 = np.minimum(np.maximum(x, low), high)
+    return clamped
+
+
 class FastPathDeferred(Exception):
     """The body leaves the fast layout or breaks a rule: the strict parser decides."""
 
@@ -59,11 +65,11 @@ def small_ints(lanes: U64, length: I64, low: int, high: int) -> npt.NDArray[np.i
     keep = _KEEP[length]
     v = (lanes[:, 0] & keep) | (_ZEROS & ~keep)
     high_nibbles = np.uint64(0xF0F0F0F0F0F0F0F0)
-    if np.any(((v & high_nibbles) != _ZEROS) | (((v + _SIXES) & high_nibbles) != _ZEROS)):
+    if (((v & high_nibbles) != _ZEROS) | (((v + _SIXES) & high_nibbles) != _ZEROS)).any():
         raise FastPathDeferred
     leading = (v >> (np.uint64(64) - np.uint64(8) * length.astype(np.uint64))) & np.uint64(0xFF)
     values = _swar8(v - _ZEROS)
-    if np.any((length > 1) & (leading == 0x30)) or values.min() < low or values.max() > high:
+    if ((length > 1) & (leading == 0x30)).any() or values.min() < low or values.max() > high:
         raise FastPathDeferred
     return values.astype(np.int32)
 
@@ -88,13 +94,13 @@ def _mantissas(
     unaligned = np.ndarray((rows * width - 7,), dtype="<u8", buffer=number, strides=(1,))
     lanes = np.empty((rows, 4), dtype=np.uint64)
     lanes[:, :3] = number.view(np.uint64)[:, 1:4]
-    lanes[:, 3] = unaligned[np.arange(rows) * width + np.clip(dot, 8, 32) - 8]
+    lanes[:, 3] = unaligned[np.arange(rows) * width + _clamp(dot, 8, 32) - 8]
     keep = _KEEP[
-        np.clip(np.column_stack((frac_len, frac_len, frac_len, int_len)) - _LANE_DIGITS, 0, 8)
+        _clamp(np.column_stack((frac_len, frac_len, frac_len, int_len)) - _LANE_DIGITS, 0, 8)
     ]
     parts = _swar8(((lanes & keep) | (_ZEROS & ~keep)) - _ZEROS)
     frac = (parts[:, 0] * np.uint64(10**8) + parts[:, 1]) * np.uint64(10**8) + parts[:, 2]
-    return parts[:, 3] * _POW10[np.clip(frac_len, 0, 19)] + frac, parts[:, 0] < 1000
+    return parts[:, 3] * _POW10[_clamp(frac_len, 0, 19)] + frac, parts[:, 0] < 1000
 
 
 def _prove_float32(
@@ -112,8 +118,8 @@ def _prove_float32(
     mant, exp2 = np.frexp(wide)
     big_f = np.ldexp(mant, 24).astype(np.uint64)
     shift = 24 - exp2.astype(np.int64) - frac_len
-    safe_shift = np.clip(shift, 0, 63).astype(np.uint64)
-    safe_frac = np.clip(frac_len, 0, 17)
+    safe_shift = _clamp(shift, 0, 63).astype(np.uint64)
+    safe_frac = _clamp(frac_len, 0, 17)
     decided = (wide >= 2.0**-126) & (shift >= 0) & (shift <= 63) & (frac_len <= 17)
     decided &= mantissa <= (np.uint64((1 << 64) - 1) >> safe_shift)
     pow5 = _POW5[safe_frac]
@@ -186,14 +192,14 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
     frac_len = np.where(is_float, length - 1 - dot_at, 0)
     first = 32 - length + neg
     fast = ((rest & (rest - np.uint64(1))) == 0) & (int_len >= 1) & (int_len <= 8)
-    fast &= ~is_float | ((flat[base + np.clip(first + int_len, 0, 31)] == 0x2E) & (frac_len >= 1))
+    fast &= ~is_float | ((flat[base + _clamp(first + int_len, 0, 31)] == 0x2E) & (frac_len >= 1))
     zero = flat[base + first] == 0x30
     fast &= ~((int_len > 1) & zero) & (first + int_len >= 8) & (frac_len <= 24)
     fast &= (int_len + frac_len <= 19) | ((int_len == 1) & zero)
     mantissa, fits = _mantissas(number, first + int_len, np.where(fast, int_len, 0), frac_len)
     fast &= fits
-    approx = mantissa.astype(np.float64) / _POW10_F[np.clip(frac_len, 0, 22)]
-    approx /= _POW10_F[np.clip(frac_len - 22, 0, 2)]
+    approx = mantissa.astype(np.float64) / _POW10_F[_clamp(frac_len, 0, 22)]
+    approx /= _POW10_F[_clamp(frac_len - 22, 0, 2)]
     magnitude = approx.astype(np.float32)
     clinger = fast & (mantissa <= np.uint64(1 << 53)) & (frac_len <= 22)
     exact = clinger & (magnitude.astype(np.float64) == approx)
@@ -201,7 +207,7 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
     decided &= fast & ~clinger
     exact |= decided & proved
     _prove_extended(mantissa, frac_len, magnitude, fast & ~clinger & ~decided, (decided, exact))
-    if np.any(fast & ~exact & (clinger | decided)) or np.any(fast & ~neg & (mantissa != 0)):
+    if (fast & ~exact & (clinger | decided)).any() or (fast & ~neg & (mantissa != 0)).any():
         raise FastPathDeferred
     values: npt.NDArray[np.float32] = np.where(neg, -magnitude, magnitude).astype(np.float32)
     values[~neg | (~is_float & (mantissa == 0))] = 0.0

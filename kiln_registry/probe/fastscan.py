@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 
 from kiln_registry.errors import ProbeFailed
 from kiln_registry.probe.fastnum import (
@@ -214,7 +213,7 @@ def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -
     # The quotes that bound variable fields (the others sit in fixed templates):
     # id open/close, "rank" open, "decoded_token" open, token string open/close.
     q = np.ascontiguousarray(grouped[:count, [0, 1, 4, 6, 8, 9]].T)
-    if np.any(q[0, 1:] != nxt[: count - 1]):
+    if (q[0, 1:] != nxt[: count - 1]).any():
         raise FastPathDeferred
     if len(out.ids) + count > limits.max_candidates:
         raise FastPathDeferred
@@ -237,7 +236,7 @@ def _window(arr: Bytes, starts: I64, width: int) -> Bytes:
     """``arr[s : s + width]`` for every ``s``, as one C-contiguous ``(len(starts), width)``."""
     if starts.min() < 0 or starts.max() > arr.size - width:
         raise FastPathDeferred
-    return np.ascontiguousarray(sliding_window_view(arr, width)[starts])
+    return arr[starts[:, None] + np.arange(width)]
 
 
 def _windows(arr: Bytes, q: npt.NDArray[np.int64]) -> tuple[U64, Bytes, U64]:
@@ -295,7 +294,7 @@ def _check_text(body: bytes, arr: Bytes, pos: int, last: int, escapes: I64, q: I
     if not escapes.size:
         return
     owner = np.searchsorted(q[5], escapes)
-    if owner.max() >= q.shape[1] or np.any(q[4, owner] >= escapes):
+    if owner.max() >= q.shape[1] or (q[4, owner] >= escapes).any():
         raise FastPathDeferred
     kinds = arr[escapes + 1]
     if not _ESCAPABLE[kinds].all():

@@ -10,6 +10,7 @@ turns blank after start-up, and a teacher that reflects the key it was sent.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,3 +214,34 @@ def test_stored_reports_are_scrubbed(
         )
         scrubbed = json.dumps(public_report(ctx, report))
     assert SECRET not in scrubbed and "[redacted]" in scrubbed
+
+
+def test_scoring_job_over_tls_with_a_credential(
+    tls_registry: RegistryServer, tls_teacher: TlsTeacher, reference: Reference
+) -> None:
+    # The job's scoring requests go through probe.wire, not httpx: the same CA file,
+    # the same bearer key read at request time, and the key in no output.
+    body = remote("tls-job@vllm", tls_teacher.url, credential_id="tls-teacher")
+    sequences = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 4, 4, 4, 4, 4]]
+    with tls_registry.client() as http:
+        assert http.post("/v1/teachers", json=body).status_code == 200
+        submitted = http.post(
+            "/v1/jobs",
+            json={"kind": "teacher_scoring", "teacher": "tls-job@vllm", "top_k": 4,
+                  "sequences": sequences},
+        )  # fmt: skip
+        assert submitted.status_code == 201, submitted.text
+        job_id = submitted.json()["id"]
+        deadline = time.monotonic() + 60
+        while (job := http.get(f"/v1/jobs/{job_id}").json())["status"] not in (
+            "succeeded", "failed", "cancelled",
+        ):  # fmt: skip
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+        corpus = http.get(f"/v1/jobs/{job_id}/result").text
+    assert job["status"] == "succeeded", job
+    assert job["progress"]["scored"] == len(sequences)
+    lines = corpus.splitlines()
+    assert len(lines) == 1 + len(sequences)
+    assert json.loads(lines[0])["teacher_identity"] == json.loads(reference[1].canonical_bytes())
+    assert SECRET not in json.dumps(job) + corpus

@@ -15,7 +15,7 @@ from kiln_registry.launcher import fsops
 
 @pytest.mark.skipif(sys.platform != "linux", reason="sync_file_range is Linux's")
 def test_sync_file_range_is_bound_on_linux() -> None:
-    assert fsops._sync_file_range is not None
+    assert fsops._sync_file_range() is not None
 
 
 def test_copy_and_hash_copies_exactly_across_writeback_steps(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,8 +50,9 @@ _REASONS = {200: "OK", 307: "Temporary Redirect", 400: "Bad Request", 401: "Unau
 class TeacherServer:
     """``with TeacherServer(handler) as srv: srv.url`` serves until the block ends."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.tls = tls
         self.requests: list[Request] = []
         self.bytes_sent = 0
         self.port = 0
@@ -75,7 +77,7 @@ class TeacherServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0)
+            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()

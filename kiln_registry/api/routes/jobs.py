@@ -31,6 +31,7 @@ from kiln_registry.api.routes import ERROR_RESPONSES, get_ctx
 from kiln_registry.jobs import service
 from kiln_registry.jobs.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
+from kiln_registry.probe.wire import teacher_tls_context
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
@@ -122,6 +123,7 @@ async def start_workers(app: FastAPI, ctx: RegistryContext) -> JobWorkers:
         config=ctx.config,
         sessions=ctx.sessions,
         http=ctx.client(),
+        teacher_tls=teacher_tls_context(ctx.config.server.teacher_ca_file),
         student=ctx.student,
         probe_limiter=ctx.probe_limiter,
         count_probe=ctx.metrics.count_probe,

@@ -1,0 +1,319 @@
+"""A lean keep-alive HTTP/1.1 client for the job queue's scoring requests.
+
+A scoring job sends thousands of small prompt-logprobs requests to one
+teacher.  Through httpx each costs the registry 1.2-1.9 ms of CPU, more than
+parsing and verifying the answer, and on a shared host that CPU is taken from
+the teacher (``bench/RESULTS.md``, job queue).  ``TeacherWire`` frames the
+same exchange with h11 (the HTTP/1.1 state machine under httpx) over asyncio
+streams and keeps idle connections to the one origin: about 0.4 ms.
+
+Deliberately narrow: POST only, one origin (``http``, or ``https`` verified
+with the caller's ``ssl.SSLContext``), no proxies, no redirects followed, no
+content codings, no HTTP/2.  ``exchange`` applies exactly the rules of
+``probe.client.exchange`` (``check_head``, the body bound, the 64 KiB error
+body, one overall deadline) and maps failures onto the same rules:
+``probe.connect`` (no connection or TLS handshake; ``probe.tls_untrusted``
+for a certificate the configured authorities do not vouch for, as at
+registration), ``probe.transport`` (no
+or a malformed response head), ``probe.incomplete_body`` (the connection
+ended after the head), ``probe.timeout``.  A pooled connection the teacher
+has meanwhile closed is detected when it answers nothing, and the request is
+sent once more on a fresh connection.  Messages never quote the teacher's
+bytes or the request headers (the bearer value lives only in the bytes
+written to the socket).
+
+Imports: standard library, h11, ``kiln_registry.errors`` and
+``probe.client``/``probe.parse``; no httpx, database or FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit
+
+import h11
+
+from kiln_registry.errors import ProbeFailed
+from kiln_registry.probe.client import (
+    Exchange,
+    SecretSource,
+    body_cap,
+    check_head,
+    request_headers,
+)
+from kiln_registry.probe.parse import fail
+
+READ_BYTES: Final = 64 * 1024
+MAX_HEAD_BYTES: Final = 64 * 1024
+MAX_INTERIM_RESPONSES: Final = 4
+
+
+def teacher_tls_context(ca_file: Path | None) -> ssl.SSLContext:
+    """TLS verification for teachers: the system store, or exactly the given CA bundle."""
+    if ca_file is None:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
+class _NoAnswer(Exception):
+    """The connection ended (or was reset) before any byte of a response head."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    scheme: str
+    host: str
+    port: int
+    authority: str  # the Host header
+    target: str  # path and query
+
+
+def _origin(url: str) -> _Origin:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("TeacherWire needs an http or https URL with a host")
+    if parts.username is not None or parts.password is not None or parts.fragment:
+        raise ValueError("TeacherWire refuses URLs with user information or a fragment")
+    if not parts.netloc.isascii():
+        raise ValueError("TeacherWire needs an ASCII (IDNA-encoded) host")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return _Origin(parts.scheme, parts.hostname, port, parts.netloc, target)
+
+
+class _Connection:
+    """One HTTP/1.1 connection and its h11 state; closed on any doubt."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.used = False
+
+    def close(self) -> None:
+        # Nothing is in flight on a connection being dropped, so there is no TLS
+        # close_notify to wait for: the socket closes on the loop's next turn.
+        self.writer.transport.abort()
+
+    async def send(self, request: bytes) -> None:
+        self.writer.write(request)
+        await self.writer.drain()
+
+    async def event(self) -> h11.Event:
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self.reader.read(READ_BYTES))
+                continue
+            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+                raise ConnectionResetError("the connection ended")
+            assert isinstance(event, h11.Event)
+            return event
+
+    def reusable(self) -> bool:
+        """Whether both sides finished the message and the connection may carry another."""
+        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+            self.h11.start_next_cycle()
+            return True
+        return False
+
+
+class TeacherWire:
+    """Keep-alive POSTs to one teacher URL; ``async with`` closes the idle connections."""
+
+    def __init__(self, url: str, *, tls: ssl.SSLContext | None, max_idle: int) -> None:
+        self._origin = _origin(url)
+        if self._origin.scheme == "https" and tls is None:
+            raise ValueError("an https teacher needs a TLS context")
+        self._tls = tls if self._origin.scheme == "https" else None
+        self._max_idle = max(1, max_idle)
+        self._idle: list[_Connection] = []
+
+    async def __aenter__(self) -> TeacherWire:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        await asyncio.sleep(0)  # let the transports finish closing their sockets
+
+    async def exchange(
+        self,
+        payload: dict[str, object],
+        *,
+        secret: SecretSource | None,
+        timeout_s: float,
+        limit: int,
+    ) -> Exchange:
+        """POST ``payload``; the same contract as ``probe.client.exchange``."""
+        content = json.dumps(payload, separators=(",", ":")).encode()
+        head = [*request_headers(secret).items(), ("content-length", str(len(content)))]
+        start = time.perf_counter()
+        progress = [False]  # whether a response head arrived
+        try:
+            async with asyncio.timeout(timeout_s):
+                status, body = await self._post(content, head, limit, progress)
+        except TimeoutError:
+            raise ProbeFailed(
+                "teacher request timed out (TimeoutError)", rule="probe.timeout"
+            ) from None
+        elapsed = (time.perf_counter() - start) * 1000.0
+        return Exchange(status, body, elapsed, secret is not None)
+
+    async def _post(
+        self, content: bytes, head: Sequence[tuple[str, str]], limit: int, progress: list[bool]
+    ) -> tuple[int, bytes]:
+        while self._idle:
+            conn = self._idle.pop()
+            try:
+                return await self._round_trip(conn, content, head, limit, progress)
+            except _NoAnswer:
+                continue  # a kept-alive connection the teacher had closed: try the next
+        conn = await self._connect()
+        try:
+            return await self._round_trip(conn, content, head, limit, progress)
+        except _NoAnswer:
+            raise ProbeFailed(
+                "teacher closed the connection without a response", rule="probe.transport"
+            ) from None
+
+    async def _connect(self) -> _Connection:
+        origin = self._origin
+        try:
+            reader, writer = await asyncio.open_connection(
+                origin.host,
+                origin.port,
+                ssl=self._tls,
+                server_hostname=origin.host if self._tls is not None else None,
+                limit=READ_BYTES,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            raise ProbeFailed(
+                f"the TLS certificate of {origin.scheme}://{origin.authority} is not trusted"
+                f" ({exc.verify_message or 'verification failed'})",
+                rule="probe.tls_untrusted",
+                hint="set [server] teacher_ca_file to the PEM bundle of the CA that signed it",
+            ) from None
+        except (OSError, ssl.SSLError) as exc:
+            raise ProbeFailed(
+                f"could not connect to the teacher ({type(exc).__name__})", rule="probe.connect"
+            ) from None
+        return _Connection(reader, writer)
+
+    def _request_bytes(
+        self, conn: _Connection, content: bytes, head: Sequence[tuple[str, str]]
+    ) -> bytes:
+        headers = [("host", self._origin.authority), *head]
+        try:
+            request = conn.h11.send(h11.Request(method="POST", target=self._origin.target,
+                                                headers=headers))  # fmt: skip
+            return (
+                request + conn.h11.send(h11.Data(data=content)) + conn.h11.send(h11.EndOfMessage())
+            )
+        except h11.LocalProtocolError:
+            raise ProbeFailed(
+                "the scoring request could not be framed as HTTP/1.1", rule="probe.transport"
+            ) from None
+
+    async def _round_trip(
+        self,
+        conn: _Connection,
+        content: bytes,
+        head: Sequence[tuple[str, str]],
+        limit: int,
+        progress: list[bool],
+    ) -> tuple[int, bytes]:
+        keep = False
+        reused, conn.used = conn.used, True
+        try:
+            request = self._request_bytes(conn, content, head)
+            try:
+                await conn.send(request)
+                response = await self._response_head(conn)
+            except (ConnectionError, h11.RemoteProtocolError):
+                if reused and not _got_bytes(conn):
+                    raise _NoAnswer from None
+                raise
+            progress[0] = True
+            status = response.status_code
+            headers: dict[str, str] = {}
+            for name, value in response.headers:
+                key = name.decode("ascii")
+                headers[key] = f"{headers[key]}, " if key in headers else ""
+                headers[key] += value.decode("latin-1")
+            check_head(
+                status, headers.get("content-encoding"), headers.get("content-length"), limit
+            )
+            body, complete = await self._body(conn, status, limit)
+            keep = complete and conn.reusable()
+            return status, body
+        except (OSError, ssl.SSLError, h11.RemoteProtocolError) as exc:
+            raise _failure(exc, progress[0]) from None
+        finally:
+            if keep and len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+            else:
+                conn.close()
+
+    async def _response_head(self, conn: _Connection) -> h11.Response:
+        for _ in range(MAX_INTERIM_RESPONSES + 1):
+            event = await conn.event()
+            if isinstance(event, h11.Response):
+                return event
+            if not isinstance(event, h11.InformationalResponse):
+                raise ConnectionResetError("no response head")
+        fail("transport", f"teacher sent more than {MAX_INTERIM_RESPONSES} interim responses")
+
+    async def _body(self, conn: _Connection, status: int, limit: int) -> tuple[bytes, bool]:
+        """The body up to ``body_cap``; (bytes, whether the message ended within the cap)."""
+        cap = body_cap(status, limit)
+        body = bytearray()
+        while True:
+            event = await conn.event()
+            if isinstance(event, h11.EndOfMessage):
+                return bytes(body), True
+            if not isinstance(event, h11.Data):
+                raise ConnectionResetError("unexpected event in the body")
+            if len(body) + len(event.data) > cap:
+                if status < 300:
+                    fail("body_too_large", f"response body exceeds the bound of {limit} bytes")
+                body += event.data[: cap - len(body)]
+                return bytes(body), False
+            body += event.data
+
+
+def _header(response: h11.Response, name: bytes) -> str | None:
+    """A header's values joined by ", " (h11 lowercases names), or None."""
+    values = [value.decode("latin-1") for key, value in response.headers if key == name]
+    return ", ".join(values) if values else None
+
+
+def _failure(exc: BaseException, got_head: bool) -> ProbeFailed:
+    name = type(exc).__name__
+    if got_head:
+        return ProbeFailed(
+            f"teacher connection ended before the complete body ({name})",
+            rule="probe.incomplete_body",
+        )
+    if isinstance(exc, h11.RemoteProtocolError):
+        return ProbeFailed(
+            f"teacher sent a malformed HTTP response ({name})", rule="probe.transport"
+        )
+    return ProbeFailed(f"teacher request failed ({name})", rule="probe.transport")
+
+
+def _got_bytes(conn: _Connection) -> bool:
+    """Whether any response byte arrived (h11 buffers what it has not yet parsed)."""
+    trailing, _closed = conn.h11.trailing_data
+    return bool(trailing)
