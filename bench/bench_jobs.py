@@ -21,7 +21,7 @@ round's corpus (every sequence a cache hit) against that round's cold job.
 Targets: cached >= 50x faster than cold; cold throughput >= 0.9x the
 teacher's capacity.  Prints one JSON document.
 
-    .venv/bin/python bench/bench_jobs.py [--sequences 2000] [--concurrency 4] [--k 8] [--rounds 3]
+    .venv/bin/python bench/bench_jobs.py [--sequences 2000] [--concurrency 4] [--k 8] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--teacher-threads", type=int, default=1)
     args = parser.parse_args()
     from kiln_registry.testing.tiny_models import build_tiny_llama
