@@ -236,7 +236,8 @@ def _window(arr: Bytes, starts: I64, width: int) -> Bytes:
     """``arr[s : s + width]`` for every ``s``, as one C-contiguous ``(len(starts), width)``."""
     if starts.min() < 0 or starts.max() > arr.size - width:
         raise FastPathDeferred
-    return arr[starts[:, None] + np.arange(width)]
+    window: Bytes = arr[starts[:, None] + np.arange(width)]
+    return window
 
 
 def _windows(arr: Bytes, q: npt.NDArray[np.int64]) -> tuple[U64, Bytes, U64]:
