@@ -108,6 +108,7 @@ def _launch_or_manifest(argv: Sequence[str], env: Mapping[str, str]) -> int:
         _print_line(composed.to_output())
         return 0
     if request.dry_run:
+        _supervise_options(env)  # a launch would refuse these knobs: so does its dry run
         inputs = _measured_or_precomputed(request, decision.child_environment)
         composed = compose_launch_identity(request, inputs, decision.child_environment)
         _print_line(dry_run_document(request, inputs, composed, vllm_build()))
@@ -188,11 +189,15 @@ def _print_line(document: Mapping[str, object]) -> None:
     sys.stdout.buffer.flush()
 
 
-def _launch(request: LauncherRequest, env: Mapping[str, str]) -> int:
-    options = SuperviseOptions(
+def _supervise_options(env: Mapping[str, str]) -> SuperviseOptions:
+    return SuperviseOptions(
         ready_timeout=_seconds(env, READY_TIMEOUT_ENV, 1800.0),
         grace=_seconds(env, STOP_GRACE_ENV, 15.0),
     )
+
+
+def _launch(request: LauncherRequest, env: Mapping[str, str]) -> int:
+    options = _supervise_options(env)
     with SignalGate() as gate:
         try:
             return _launch_supervised(request, env, gate, options)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln_registry.launcher.cli import run
 from kiln_registry.launcher.vllm_command import vllm_build
 from tests.launcher.test_cli_manifest import TEACHER_INPUT
 
@@ -103,3 +104,19 @@ def test_dry_run_refuses_owned_options_before_any_work(tmp_path: Path) -> None:
     out = _run([*flags, "--", "--load-format=pt"], tmp_path)
     assert out.returncode == 2
     assert "policy.owned" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("KILN_TEACHER_STOP_GRACE_SECONDS", "0"), ("KILN_TEACHER_READY_TIMEOUT_SECONDS", "1.5")],
+)
+def test_dry_run_refuses_the_supervision_knobs_a_launch_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, value: str
+) -> None:
+    flags = [f"--identity-input={_input(tmp_path)}", "--model-path=/m", *LIMITS, "--dry-run"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    assert run(flags, env) == 0
+    capsys.readouterr()
+    assert run(flags, {**env, name: value}) == 2
+    err = capsys.readouterr().err
+    assert "launcher.value" in err and name in err
