@@ -13,9 +13,9 @@ database and the probe only through ``teachers_service``.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import httpx
 from fastapi import FastAPI
@@ -31,12 +31,12 @@ API_VERSION = "1.0.0"
 
 
 def outbound_client(
-    ca_file: Path | None, transport: httpx.AsyncBaseTransport | None = None
+    tls: ssl.SSLContext, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         follow_redirects=False,
         trust_env=False,
-        verify=teacher_tls_context(ca_file),
+        verify=tls,
         transport=transport,
         timeout=httpx.Timeout(10.0),
         limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
@@ -52,9 +52,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if ctx is None:
             raise RuntimeError("create_app(None) is for schema generation only")
-        async with outbound_client(ctx.config.server.teacher_ca_file, transport) as http:
+        # One trust configuration for both teacher clients (probes and job scoring).
+        tls = teacher_tls_context(ctx.config.server.teacher_ca_file)
+        async with outbound_client(tls, transport) as http:
             ctx.http = http
-            job_workers = await jobs.start_workers(app, ctx)  # issue 8: the job queue
+            job_workers = await jobs.start_workers(app, ctx, tls)  # issue 8: the job queue
             try:
                 yield
             finally:

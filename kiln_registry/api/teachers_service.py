@@ -58,7 +58,7 @@ from kiln_registry.errors import (
 )
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
-from kiln_registry.probe.client import probe_teacher
+from kiln_registry.probe.client import probe_teacher, untrusted_certificate
 from kiln_registry.probe.report import ProbeReport, attach_report, attached_report
 
 MAX_CHAIN_DEPTH = 8
@@ -89,12 +89,7 @@ def _explain_tls(exc: KilnError, resolved: ResolvedTeacher) -> KilnError:
     cert = _cert_failure(exc)
     if cert is None or not isinstance(exc, ProbeFailed):
         return exc
-    better = ProbeFailed(
-        f"the TLS certificate of {resolved.endpoint.origin} is not trusted"
-        f" ({cert.verify_message or 'verification failed'})",
-        rule="probe.tls_untrusted",
-        hint="set [server] teacher_ca_file to the PEM bundle of the CA that signed it",
-    )
+    better = untrusted_certificate(resolved.endpoint.origin, cert)
     report = attached_report(exc)
     if report is not None:
         attach_report(better, report)

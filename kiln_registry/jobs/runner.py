@@ -91,8 +91,9 @@ class JobRun:
         now = utc_timestamp()
         await asyncio.to_thread(self.claimed.update, status="running", scoring_started_at=now)
         env = self.claimed.env
-        tls = env.teacher_tls if url.startswith("https:") else None
-        async with TeacherWire(url, tls=tls, max_idle=env.config.jobs.concurrency) as wire:
+        async with TeacherWire(
+            url, tls=env.teacher_tls, max_idle=env.config.jobs.concurrency
+        ) as wire:
             target = ScoringTarget(
                 wire=wire,
                 model_id=self.job.teacher_model_id,

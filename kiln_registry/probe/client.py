@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -157,7 +158,15 @@ async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
     return bytes(body)
 
 
-def _transport_failure(exc: Exception, got_head: bool) -> ProbeFailed:
+def transport_failure(
+    exc: BaseException, got_head: bool, *, connecting: bool = False
+) -> ProbeFailed:
+    """The rule for a request that failed below HTTP: timeout, connect, mid-body or transport.
+
+    ``connecting``: the failure happened while opening the connection (the
+    lean scoring client says so; httpx says it with its exception types).
+    Only the exception's type name reaches the message.
+    """
     name = type(exc).__name__
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
         return ProbeFailed(f"teacher request timed out ({name})", rule="probe.timeout")
@@ -166,9 +175,19 @@ def _transport_failure(exc: Exception, got_head: bool) -> ProbeFailed:
             f"teacher connection ended before the complete body ({name})",
             rule="probe.incomplete_body",
         )
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+    if connecting or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return ProbeFailed(f"could not connect to the teacher ({name})", rule="probe.connect")
     return ProbeFailed(f"teacher request failed ({name})", rule="probe.transport")
+
+
+def untrusted_certificate(origin: str, cert: ssl.SSLCertVerificationError) -> ProbeFailed:
+    """A teacher certificate the configured authorities do not vouch for, and what to do."""
+    return ProbeFailed(
+        f"the TLS certificate of {origin} is not trusted"
+        f" ({cert.verify_message or 'verification failed'})",
+        rule="probe.tls_untrusted",
+        hint="set [server] teacher_ca_file to the PEM bundle of the CA that signed it",
+    )
 
 
 async def exchange(
@@ -204,7 +223,7 @@ async def exchange(
                 body = await _read_bounded(response, limit)
                 status = response.status_code
     except (TimeoutError, httpx.HTTPError) as exc:
-        raise _transport_failure(exc, got_head) from exc
+        raise transport_failure(exc, got_head) from exc
     elapsed = (time.perf_counter() - start) * 1000.0
     return Exchange(status, body, elapsed, secret is not None)
 

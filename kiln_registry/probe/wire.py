@@ -47,6 +47,8 @@ from kiln_registry.probe.client import (
     body_cap,
     check_head,
     request_headers,
+    transport_failure,
+    untrusted_certificate,
 )
 from kiln_registry.probe.parse import fail
 
@@ -95,7 +97,6 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self.used = False
 
     def close(self) -> None:
         # Nothing is in flight on a connection being dropped, so there is no TLS
@@ -160,33 +161,25 @@ class TeacherWire:
         content = json.dumps(payload, separators=(",", ":")).encode()
         head = [*request_headers(secret).items(), ("content-length", str(len(content)))]
         start = time.perf_counter()
-        progress = [False]  # whether a response head arrived
         try:
             async with asyncio.timeout(timeout_s):
-                status, body = await self._post(content, head, limit, progress)
-        except TimeoutError:
-            raise ProbeFailed(
-                "teacher request timed out (TimeoutError)", rule="probe.timeout"
-            ) from None
+                status, body = await self._post(content, head, limit)
+        except TimeoutError as exc:
+            raise transport_failure(exc, got_head=False) from None
         elapsed = (time.perf_counter() - start) * 1000.0
         return Exchange(status, body, elapsed, secret is not None)
 
     async def _post(
-        self, content: bytes, head: Sequence[tuple[str, str]], limit: int, progress: list[bool]
+        self, content: bytes, head: Sequence[tuple[str, str]], limit: int
     ) -> tuple[int, bytes]:
         while self._idle:
             conn = self._idle.pop()
             try:
-                return await self._round_trip(conn, content, head, limit, progress)
+                return await self._round_trip(conn, content, head, limit, reused=True)
             except _NoAnswer:
                 continue  # a kept-alive connection the teacher had closed: try the next
         conn = await self._connect()
-        try:
-            return await self._round_trip(conn, content, head, limit, progress)
-        except _NoAnswer:
-            raise ProbeFailed(
-                "teacher closed the connection without a response", rule="probe.transport"
-            ) from None
+        return await self._round_trip(conn, content, head, limit, reused=False)
 
     async def _connect(self) -> _Connection:
         origin = self._origin
@@ -199,16 +192,9 @@ class TeacherWire:
                 limit=READ_BYTES,
             )
         except ssl.SSLCertVerificationError as exc:
-            raise ProbeFailed(
-                f"the TLS certificate of {origin.scheme}://{origin.authority} is not trusted"
-                f" ({exc.verify_message or 'verification failed'})",
-                rule="probe.tls_untrusted",
-                hint="set [server] teacher_ca_file to the PEM bundle of the CA that signed it",
-            ) from None
+            raise untrusted_certificate(f"{origin.scheme}://{origin.authority}", exc) from None
         except (OSError, ssl.SSLError) as exc:
-            raise ProbeFailed(
-                f"could not connect to the teacher ({type(exc).__name__})", rule="probe.connect"
-            ) from None
+            raise transport_failure(exc, got_head=False, connecting=True) from None
         return _Connection(reader, writer)
 
     def _request_bytes(
@@ -232,10 +218,11 @@ class TeacherWire:
         content: bytes,
         head: Sequence[tuple[str, str]],
         limit: int,
-        progress: list[bool],
+        *,
+        reused: bool,
     ) -> tuple[int, bytes]:
-        keep = False
-        reused, conn.used = conn.used, True
+        """One request on ``conn``; ``_NoAnswer`` when a ``reused`` one proves dead."""
+        keep = got_head = False
         try:
             request = self._request_bytes(conn, content, head)
             try:
@@ -245,21 +232,19 @@ class TeacherWire:
                 if reused and not _got_bytes(conn):
                     raise _NoAnswer from None
                 raise
-            progress[0] = True
+            got_head = True
             status = response.status_code
-            headers: dict[str, str] = {}
-            for name, value in response.headers:
-                key = name.decode("ascii")
-                headers[key] = f"{headers[key]}, " if key in headers else ""
-                headers[key] += value.decode("latin-1")
             check_head(
-                status, headers.get("content-encoding"), headers.get("content-length"), limit
+                status,
+                _header(response, b"content-encoding"),
+                _header(response, b"content-length"),
+                limit,
             )
             body, complete = await self._body(conn, status, limit)
             keep = complete and conn.reusable()
             return status, body
         except (OSError, ssl.SSLError, h11.RemoteProtocolError) as exc:
-            raise _failure(exc, progress[0]) from None
+            raise transport_failure(exc, got_head) from None
         finally:
             if keep and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
@@ -297,20 +282,6 @@ def _header(response: h11.Response, name: bytes) -> str | None:
     """A header's values joined by ", " (h11 lowercases names), or None."""
     values = [value.decode("latin-1") for key, value in response.headers if key == name]
     return ", ".join(values) if values else None
-
-
-def _failure(exc: BaseException, got_head: bool) -> ProbeFailed:
-    name = type(exc).__name__
-    if got_head:
-        return ProbeFailed(
-            f"teacher connection ended before the complete body ({name})",
-            rule="probe.incomplete_body",
-        )
-    if isinstance(exc, h11.RemoteProtocolError):
-        return ProbeFailed(
-            f"teacher sent a malformed HTTP response ({name})", rule="probe.transport"
-        )
-    return ProbeFailed(f"teacher request failed ({name})", rule="probe.transport")
 
 
 def _got_bytes(conn: _Connection) -> bool:

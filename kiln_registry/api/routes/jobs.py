@@ -10,6 +10,7 @@ cancellation signals a running job at its next request boundary.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path as FilePath
 from typing import Annotated, Any
@@ -31,7 +32,6 @@ from kiln_registry.api.routes import ERROR_RESPONSES, get_ctx
 from kiln_registry.jobs import service
 from kiln_registry.jobs.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
-from kiln_registry.probe.wire import teacher_tls_context
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
@@ -117,13 +117,13 @@ async def get_job_result(job_id: JobId, ctx: Ctx) -> StreamingResponse:
     return StreamingResponse(_chunks(path, size), media_type=NDJSON, headers=headers)
 
 
-async def start_workers(app: FastAPI, ctx: RegistryContext) -> JobWorkers:
-    """Start the ``[jobs] workers`` on the app's outbound client (called by the lifespan)."""
+async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext) -> JobWorkers:
+    """Start the ``[jobs] workers`` on the app's outbound client and its TLS trust (lifespan)."""
     env = JobEnvironment(
         config=ctx.config,
         sessions=ctx.sessions,
         http=ctx.client(),
-        teacher_tls=teacher_tls_context(ctx.config.server.teacher_ca_file),
+        teacher_tls=tls,
         student=ctx.student,
         probe_limiter=ctx.probe_limiter,
         count_probe=ctx.metrics.count_probe,
