@@ -35,27 +35,11 @@ from tests.reliability.strategies import (
     spell,
     spellings,
 )
+from tests.test_legacy_registry import legacy_registry
 
 SECRET = "sk-fuzz-PLANTED-5e0c9a71"
 PREFIXES = ("legacy.",)
-SEED: dict[str, dict[str, Any]] = {
-    "big@vllm": {
-        "alias": "big@vllm",
-        "kind": "remote",
-        "provider": "vllm",
-        "model_id": "org/big",
-        "max_top_k": 20,
-        "vocab_size": 151936,
-        "supports_full_vocab": False,
-        "tokenizer_hash": "sha256:" + "a" * 64,
-        "url": "https://teacher.example/v1",
-        "api_key_env": SECRET,
-        "notes": "carried over\twith a tab",
-        "adapter": None,
-    },
-    "small": {"alias": "small", "kind": "local", "model_id": "org/small", "adapter": "lora-a"},
-    "fix": {"alias": "fix", "kind": "fixture", "model_id": "fixture-model", "identity": None},
-}
+SEED = legacy_registry(SECRET)  # the legacy tests' three entries, with this secret
 TEXT_FIELDS = ("provider", "model_id", "url", "credential_id", "adapter", "tokenizer_hash", "notes")
 BAD_VALUES: dict[str, tuple[object, ...]] = {
     "alias": ("other", "", None, 1),
