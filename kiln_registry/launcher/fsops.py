@@ -3,7 +3,8 @@
 Owns the low-level steps the staging code composes: ``try_reflink`` (FICLONE,
 ``False`` where the file system pair cannot), ``copy_and_hash`` (one read
 through the shared ``ReadRateLimiter`` that is hashed and written, with
-write-back started as it goes), ``hash_fd`` (SHA-256 of exactly the first N
+write-back started as it goes), ``drop_cached`` (advise the kernel to drop
+a file's cached pages), ``hash_fd`` (SHA-256 of exactly the first N
 bytes of an open file, proving nothing follows them), ``run_parallel``
 (largest job first on a thread pool, completion callbacks on the caller's
 thread, first failure cancels the rest) and ``remove_tree_at`` (delete a
@@ -78,6 +79,16 @@ def _sequential(fd: int) -> None:
     """Ask for a larger read-ahead window; purely advisory (a cold reflinked copy gains)."""
     with contextlib.suppress(OSError):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+
+def drop_cached(fd: int) -> None:
+    """Advise the kernel to drop ``fd``'s clean cached pages (``POSIX_FADV_DONTNEED``).
+
+    Advisory: pages another process maps, dirty pages and file systems that
+    ignore the advice keep what they have.
+    """
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def hash_fd(

@@ -4,10 +4,10 @@ Owns ``populate``: the owner record, every directory (0700 while filling),
 every file (``stage_file``: open the source ``O_NOFOLLOW`` and require the
 inventoried (dev, ino, size, mtime_ns); create the destination ``O_EXCL``
 relative to the building descriptor; reflink or copy; hash source and
-destination for the initially observed length; 0400; fsync; recheck the
-source on its descriptor and on its path), a re-inventory of the sources, the
-section 5 manifest written ``O_EXCL`` (0400), and the seal (directories
-0500, fsynced, deepest first).
+destination for the initially observed length, dropping a reflinked source's
+cached pages in between; 0400; fsync; recheck the source on its descriptor
+and on its path), a re-inventory of the sources, the section 5 manifest written
+``O_EXCL`` (0400), and the seal (directories 0500, fsynced, deepest first).
 
 Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.errors``
 and the sibling ``roots``/``fsops``/``staging_plan`` modules.
@@ -104,6 +104,11 @@ def _fill(src_fd: int, dst_fd: int, job: FileJob, limiter: ReadRateLimiter) -> F
         digest = fsops.hash_fd(
             src_fd, size, limiter, shown=job.source, rule_prefix="staging.source"
         )
+        # A clone shares the source's blocks but not its cached pages.  The
+        # source is not read again (the later passes read the clone), so its
+        # pages are dropped before the clone's first read: the clone's pages
+        # take their place instead of doubling the model in the page cache.
+        fsops.drop_cached(src_fd)
     else:
         digest = fsops.copy_and_hash(src_fd, dst_fd, size, limiter, shown=job.source)
     return FileResult(FileRecord(digest=digest, length=size), reflinked)

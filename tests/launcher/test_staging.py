@@ -228,6 +228,31 @@ def test_remove_snapshot_does_not_cross_into_another_file_system(
         os.close(parent_fd)
 
 
+def cached_files(root: Path) -> set[str]:
+    """Files below ``root`` whose first byte is in the page cache (``RWF_NOWAIT`` reads)."""
+    found = set()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
+            found.add(str(path.relative_to(root)))
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+    return found
+
+
+def warm_clean_copy(source: Path, destination: Path) -> set[str]:
+    """Copy a tree, write it back (dropping needs clean pages) and read it; the files cached."""
+    shutil.copytree(source, destination)
+    os.sync()
+    for path in destination.rglob("*"):
+        if path.is_file():
+            path.read_bytes()
+    return cached_files(destination)
+
+
 @pytest.fixture(scope="module")
 def xfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with loop_image(tmp_path_factory.mktemp("xfs"), "xfs", size_mib=320) as point:
@@ -238,13 +263,17 @@ def xfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_reflink_path_on_xfs(xfs: Path, tiny_model: TinyModel, tiny_adapter: Path) -> None:
     model = xfs / "src" / "model"
     adapter = xfs / "src" / "adapter"
-    shutil.copytree(tiny_model.path, model)
-    shutil.copytree(tiny_adapter, adapter)
+    warmed = warm_clean_copy(tiny_model.path, model)
+    assert warmed
+    assert warm_clean_copy(tiny_adapter, adapter)
     limiter = unlimited()
     staged = stage_snapshot(model, adapter, xfs / "snaps", limiter=limiter)
     try:
         count = len(staged.files)
         assert (staged.reflinked_files, staged.copied_files) == (count, 0)
+        # Staging dropped the sources' cached pages; the snapshot's are cached.
+        assert cached_files(xfs / "src") == set()
+        assert cached_files(staged.path) >= {f"model/{name}" for name in warmed}
         # Reflink path: source hash, destination hash, sealed re-hash, verify.
         assert limiter.total_bytes == 4 * staged.bytes_staged
         assert inspect(staged.model_path, staged.adapter_path) == inspect(model, adapter)
@@ -259,11 +288,14 @@ def test_reflink_path_on_xfs(xfs: Path, tiny_model: TinyModel, tiny_adapter: Pat
 def test_copy_path_on_ext4(tmp_path: Path, tiny_model: TinyModel) -> None:
     with loop_image(tmp_path, "ext4", size_mib=32) as point:
         model = point / "model"
-        shutil.copytree(tiny_model.path, model)
+        warmed = warm_clean_copy(tiny_model.path, model)
         small = StagingLimits(headroom_bytes=1 << 20)
         staged = stage_snapshot(model, None, point / "snaps", limiter=unlimited(), limits=small)
         try:
             assert (staged.reflinked_files, staged.copied_files) == (0, len(staged.files))
+            # A copied source keeps its cached pages; only reflinked ones are dropped.
+            assert cached_files(model) == warmed
+            assert cached_files(staged.path) >= {f"model/{name}" for name in warmed}
             assert inspect(staged.model_path, None) == inspect(model, None)
         finally:
             remove_snapshot(staged)
