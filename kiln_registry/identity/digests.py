@@ -9,6 +9,7 @@ Imports: standard library only.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -178,6 +179,9 @@ def adapter_rank_cap(adapter_config: Mapping[str, object]) -> int:
     )
 
 
+_CONTROL_BYTES = re.compile(b"[\x00-\x1f\x7f]")
+
+
 def validate_runtime_label(label: str) -> bytes:
     data = label.encode("utf-8", errors="strict")
     if not data or len(data) > MAX_RUNTIME_LABEL_BYTES:
@@ -185,7 +189,7 @@ def validate_runtime_label(label: str) -> bytes:
             f"runtime label of {len(data)} bytes is empty or over 4096 bytes",
             rule="runtime_content.label_length",
         )
-    if any(ch < 0x20 or ch == 0x7F for ch in data):
+    if _CONTROL_BYTES.search(data):
         raise IdentityError(
             "runtime label contains a control character", rule="runtime_content.label_control"
         )

@@ -21,7 +21,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from kiln_registry.errors import IdentityError, KilnError
 from kiln_registry.identity.digests import FileRecord
@@ -186,14 +185,13 @@ def read_at_most(fd: int, max_bytes: int) -> bytes:
 
 def _read_exactly(fd: int, path: str, length: int, limiter: ReadRateLimiter) -> bytes:
     """Hash exactly ``length`` bytes of ``fd`` (read sequentially from its start)."""
-    with open(fd, "rb", buffering=0, closefd=False) as stream:
-        return digest_exactly(
-            lambda view, _offset: stream.readinto(view),
-            length,
-            limiter,
-            shown=path,
-            rules=("file.shrunk", "file.grew"),
-        )
+    return digest_exactly(
+        lambda view, _offset: os.readv(fd, [view]),
+        length,
+        limiter,
+        shown=path,
+        rules=("file.shrunk", "file.grew"),
+    )
 
 
 def hash_file(
@@ -259,7 +257,10 @@ def hash_files(
 
     The digests never depend on ``workers`` (default ``os.cpu_count()``).
     Larger files are started first so that the last worker is not left with
-    the biggest file.  The first failure cancels the files not yet started.
+    the biggest file.  Each worker thread takes the next file from one shared
+    list (no per-file task objects: runtime trees hold tens of thousands of
+    small files).  The first failure stops files not yet started; of the
+    files that failed, the error of the one started first is raised.
     """
     if expected_lengths is not None and len(expected_lengths) != len(paths):
         raise ValueError("expected_lengths must match paths")
@@ -272,14 +273,40 @@ def hash_files(
         ]
     order = sorted(range(len(paths)), key=lambda i: -(lengths[i] or 0))
     results: list[FileRecord | None] = [None] * len(paths)
-    executor = ThreadPoolExecutor(max_workers=count, thread_name_prefix="kiln-hash")
+    failures: dict[int, BaseException] = {}
+    stop = threading.Event()
+    lock = threading.Lock()
+    taken = 0
+
+    def work() -> None:
+        nonlocal taken
+        while not stop.is_set():
+            with lock:
+                if taken == len(order):
+                    return
+                position, taken = taken, taken + 1
+            index = order[position]
+            try:
+                results[index] = hash_file(
+                    paths[index], limiter=limiter, expected_length=lengths[index]
+                )
+            except BaseException as exc:  # raised on the caller's thread below
+                failures[position] = exc
+                stop.set()
+
+    running: list[threading.Thread] = []
     try:
-        futures: dict[int, Future[FileRecord]] = {
-            i: executor.submit(hash_file, paths[i], limiter=limiter, expected_length=lengths[i])
-            for i in order
-        }
-        for i in order:
-            results[i] = futures[i].result()
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+        for n in range(count):
+            thread = threading.Thread(target=work, name=f"kiln-hash-{n}", daemon=True)
+            thread.start()
+            running.append(thread)
+        for thread in running:
+            thread.join()
+    except BaseException:  # interrupted: start no further file, wait for the running ones
+        stop.set()
+        for thread in running:
+            thread.join()
+        raise
+    if failures:
+        raise failures[min(failures)]
     return [r for r in results if r is not None]

@@ -83,15 +83,24 @@ def runtime_versions(packages: Sequence[str] = RUNTIME_PACKAGES) -> dict[str, st
     return versions
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 @dataclass
 class _Inventory:
-    """Labels -> resolved paths, with every limit checked before an append."""
+    """Labels -> resolved paths, with every limit checked before an append.
 
-    files: dict[str, Path] = field(default_factory=dict)
-    sizes: dict[Path, int] = field(default_factory=dict)
-    directories: dict[str, Path] = field(default_factory=dict)
+    Paths are plain strings.  ``_parents`` caches the resolution of each
+    directory a RECORD entry names, so a file whose own name is not a link is
+    resolved with one ``lstat`` instead of one per path component.
+    """
+
+    files: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    directories: dict[str, str] = field(default_factory=dict)
     total_bytes: int = 0
     label_bytes: int = 0
+    _parents: dict[str, str] = field(default_factory=dict)
 
     def _label(self, label: str, depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -99,7 +108,7 @@ class _Inventory:
                 f"runtime tree {label!r} is nested deeper than {MAX_DEPTH} levels",
                 rule="runtime_content.too_deep",
             )
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in label):
+        if _CONTROL.search(label):
             raise LauncherError(
                 f"runtime label {label!r} has a control character",
                 rule="runtime_content.label_control",
@@ -117,7 +126,7 @@ class _Inventory:
             )
         self.label_bytes += size
 
-    def add_directory(self, label: str, resolved: Path, depth: int) -> None:
+    def add_directory(self, label: str, resolved: str, depth: int) -> None:
         previous = self.directories.get(label)
         if previous is not None:
             if previous != resolved:
@@ -134,9 +143,8 @@ class _Inventory:
         self._label(label, depth)
         self.directories[label] = resolved
 
-    def add_file(self, label: str, path: Path, depth: int) -> None:
-        resolved = _resolve(path, label)
-        info = _lstat(resolved, label)
+    def add_file(self, label: str, resolved: str, info: os.stat_result, depth: int) -> None:
+        """Record a resolved file whose ``lstat`` is ``info``."""
         if not stat.S_ISREG(info.st_mode):
             raise LauncherError(
                 f"runtime entry {label!r} is not a regular file",
@@ -164,10 +172,31 @@ class _Inventory:
         self.sizes[resolved] = info.st_size
         self.files[label] = resolved
 
+    def locate(self, path: str, label: str) -> tuple[str, os.stat_result]:
+        """``path`` fully resolved and the ``lstat`` of the result."""
+        parent, name = os.path.split(path)
+        if name in ("", ".", ".."):
+            resolved = _resolve(path, label)
+            return resolved, _lstat(resolved, label)
+        real_parent = self._parents.get(parent)
+        if real_parent is None:
+            if len(self._parents) >= MAX_DIRECTORIES:
+                self._parents.clear()  # a bound on the cache, not on the inventory
+            real_parent = self._parents[parent] = _resolve(parent, label)
+        candidate = os.path.join(real_parent, name)
+        try:
+            info = os.lstat(candidate)
+        except OSError:
+            info = None  # resolving it below names what is wrong
+        if info is not None and not stat.S_ISLNK(info.st_mode):
+            return candidate, info
+        resolved = _resolve(candidate, label)
+        return resolved, _lstat(resolved, label)
 
-def _resolve(path: Path, label: str) -> Path:
+
+def _resolve(path: str, label: str) -> str:
     try:
-        return path.resolve(strict=True)
+        return os.path.realpath(path, strict=True)
     except (OSError, RuntimeError) as exc:
         raise LauncherError(
             f"runtime entry {label!r} cannot be resolved: {exc}",
@@ -175,7 +204,7 @@ def _resolve(path: Path, label: str) -> Path:
         ) from None
 
 
-def _lstat(path: Path, label: str) -> os.stat_result:
+def _lstat(path: str, label: str) -> os.stat_result:
     try:
         return os.lstat(path)
     except OSError as exc:
@@ -185,16 +214,28 @@ def _lstat(path: Path, label: str) -> os.stat_result:
         ) from None
 
 
+def _entries(resolved: str, label: str) -> list[tuple[str, os.stat_result]]:
+    """Names and ``lstat`` results of a directory, in byte order of the names."""
+    try:
+        with os.scandir(resolved) as it:
+            found = [(entry.name, entry.stat(follow_symlinks=False)) for entry in it]
+    except OSError as exc:
+        raise LauncherError(
+            f"cannot list runtime tree {label!r}: {exc.strerror}", rule="runtime_content.unreadable"
+        ) from None
+    found.sort(key=lambda item: os.fsencode(item[0]))
+    return found
+
+
 def _scan_tree(
     inv: _Inventory,
-    path: Path,
+    resolved: str,
+    info: os.stat_result,
     label: str,
     depth: int = 0,
     active: frozenset[tuple[int, int]] = frozenset(),
 ) -> None:
-    """Walk a runtime tree; symlinks are followed to their resolved targets."""
-    resolved = _resolve(path, label)
-    info = _lstat(resolved, label)
+    """Walk a resolved runtime directory; symlinks are followed to their resolved targets."""
     if not stat.S_ISDIR(info.st_mode):
         raise LauncherError(
             f"runtime tree {label!r} is not a directory", rule="runtime_content.not_directory"
@@ -205,20 +246,16 @@ def _scan_tree(
             f"runtime tree {label!r} contains a directory cycle", rule="runtime_content.cycle"
         )
     inv.add_directory(label, resolved, depth)
-    try:
-        with os.scandir(resolved) as it:
-            names = sorted((e.name for e in it), key=os.fsencode)
-    except OSError as exc:
-        raise LauncherError(
-            f"cannot list runtime tree {label!r}: {exc.strerror}", rule="runtime_content.unreadable"
-        ) from None
-    for name in names:
-        child, child_label = resolved / name, f"{label}/{name}"
-        target = _lstat(_resolve(child, child_label), child_label)
-        if stat.S_ISDIR(target.st_mode):
-            _scan_tree(inv, child, child_label, depth + 1, active | {key})
-        elif stat.S_ISREG(target.st_mode):
-            inv.add_file(child_label, child, depth + 1)
+    inner = active | {key}
+    for name, entry in _entries(resolved, label):
+        child, child_label = os.path.join(resolved, name), f"{label}/{name}"
+        if stat.S_ISLNK(entry.st_mode):
+            child = _resolve(child, child_label)
+            entry = _lstat(child, child_label)
+        if stat.S_ISDIR(entry.st_mode):
+            _scan_tree(inv, child, entry, child_label, depth + 1, inner)
+        elif stat.S_ISREG(entry.st_mode):
+            inv.add_file(child_label, child, entry, depth + 1)
         else:
             raise LauncherError(
                 f"runtime entry {child_label!r} is a FIFO, socket or device",
@@ -226,7 +263,12 @@ def _scan_tree(
             )
 
 
-def _import_locations(package: str) -> tuple[Path | None, Path | None]:
+def _scan_path(inv: _Inventory, path: str, label: str) -> None:
+    resolved = _resolve(path, label)
+    _scan_tree(inv, resolved, _lstat(resolved, label), label)
+
+
+def _import_locations(package: str) -> tuple[str | None, str | None]:
     if not _PACKAGE_NAME.fullmatch(package):
         raise LauncherError(
             f"invalid runtime package name {package!r}", rule="runtime_content.package_name"
@@ -245,43 +287,57 @@ def _import_locations(package: str) -> tuple[Path | None, Path | None]:
             rule="runtime_content.namespace_roots",
         )
     origin = spec.origin if spec.origin not in (None, "built-in", "frozen") else None
-    root = Path(roots[0]) if roots else None
+    root = os.fspath(roots[0]) if roots else None
     if root is None and origin is None:
         raise _missing(package, "has neither an import tree nor a file origin")
-    return root, Path(origin) if origin else None
+    return root, origin
+
+
+def _add_located(inv: _Inventory, path: str, label: str) -> None:
+    """A RECORD entry or the metadata path: a directory is walked, a file recorded."""
+    resolved, info = inv.locate(path, label)
+    if stat.S_ISDIR(info.st_mode):
+        _scan_tree(inv, resolved, info, label)
+    else:
+        inv.add_file(label, resolved, info, 1)
 
 
 def _add_package(inv: _Inventory, package: str) -> None:
     base = f"package/{package}"
     root, origin = _import_locations(package)
     if root is not None:
-        _scan_tree(inv, root, f"{base}/import")
+        _scan_path(inv, root, f"{base}/import")
     if origin is not None:
-        resolved = _resolve(origin, f"{base}/import-origin")
-        if root is None or not resolved.is_relative_to(_resolve(root, f"{base}/import")):
-            inv.add_file(f"{base}/import-origin/{resolved.name}", origin, 1)
+        resolved, info = inv.locate(origin, f"{base}/import-origin")
+        inside = root is not None and Path(resolved).is_relative_to(
+            _resolve(root, f"{base}/import")
+        )
+        if not inside:
+            inv.add_file(f"{base}/import-origin/{os.path.basename(resolved)}", resolved, info, 1)
     dist = _distribution(package)
     meta = getattr(dist, "_path", None)  # the .dist-info folder of a PathDistribution
     if isinstance(meta, Path):
-        if _resolve(meta, f"{base}/metadata").is_dir():
-            _scan_tree(inv, meta, f"{base}/metadata")
+        resolved, info = inv.locate(os.fspath(meta), f"{base}/metadata")
+        if stat.S_ISDIR(info.st_mode):
+            _scan_tree(inv, resolved, info, f"{base}/metadata")
         else:
-            inv.add_file(f"{base}/metadata/{meta.name}", meta, 1)
+            inv.add_file(f"{base}/metadata/{meta.name}", resolved, info, 1)
     entries = dist.files
     if entries is None:
         return  # legacy editable installs have no RECORD; the import tree covers them
-    for entry in sorted(entries, key=lambda e: os.fsencode(str(e))):
-        label = f"{base}/distribution/{str(entry).replace(os.sep, '/')}"
-        located = Path(str(dist.locate_file(entry)))
-        if _resolve(located, label).is_dir():
-            _scan_tree(inv, located, label)
-        else:
-            inv.add_file(label, located, 1)
+    names = sorted((str(entry) for entry in entries), key=os.fsencode)
+    # PathDistribution.locate_file joins the entry to the metadata folder's parent.
+    top = os.fspath(meta.parent) if isinstance(meta, Path) else None
+    for name in names:
+        label = f"{base}/distribution/{name.replace(os.sep, '/')}"
+        located = os.path.join(top, name) if top else str(dist.locate_file(name))
+        _add_located(inv, located, label)
 
 
-def _collect(executable: Path, packages: Sequence[str]) -> _Inventory:
+def _collect(executable: str, packages: Sequence[str]) -> _Inventory:
     inv = _Inventory()
-    inv.add_file("python/executable", executable, 0)
+    resolved, info = inv.locate(executable, "python/executable")
+    inv.add_file("python/executable", resolved, info, 0)
     for package in packages:
         _add_package(inv, package)
     return inv
@@ -295,7 +351,7 @@ def runtime_content(
     python_executable: str | os.PathLike[str] | None = None,
 ) -> RuntimeContent:
     """The runtime-content digest of this interpreter and ``packages``."""
-    executable = Path(python_executable or sys.executable)
+    executable = os.fspath(python_executable or sys.executable)
     first = _collect(executable, packages)
     unique = sorted(first.sizes)
     try:

@@ -186,3 +186,26 @@ def test_one_limiter_spans_threads_and_is_never_reset() -> None:
     assert time.monotonic() - start >= 0.45
     assert limiter.total_bytes == 3 * (mib // 2)
     assert repr(limiter) == "ReadRateLimiter(mib_per_second=1)"
+
+
+def test_hash_files_stops_starting_files_after_a_failure(tmp_path: Path) -> None:
+    paths = [tmp_path / f"f{i:03d}" for i in range(300)]
+    for path in paths:
+        path.write_bytes(b"x" * 100)
+    lengths: list[int | None] = [100] * len(paths)
+    lengths[150] = 10**9  # taken first (largest first) and refused at once: wrong length
+    limiter = unlimited()
+    with pytest.raises(IdentityError) as err:
+        hash_files(paths, limiter=limiter, workers=2, expected_lengths=lengths)
+    assert err.value.rule == "file.changed" and "f150" in err.value.message
+    assert limiter.total_bytes < 100 * 50  # the other worker stopped after a few files
+
+
+def test_hash_files_raises_the_failure_of_the_file_taken_first(tmp_path: Path) -> None:
+    for name in ("big", "small", "ok"):
+        (tmp_path / name).write_bytes(b"y")
+    paths = [tmp_path / "ok", tmp_path / "small", tmp_path / "big"]
+    for _ in range(20):  # both failing files are taken at once by two workers
+        with pytest.raises(IdentityError) as err:
+            hash_files(paths, limiter=unlimited(), workers=2, expected_lengths=[1, 5, 9])
+        assert "big" in err.value.message

@@ -51,7 +51,7 @@ def rec(path: Path) -> FileRecord:
     return FileRecord(hashlib.sha256(data).digest(), len(data))
 
 
-def expected_digest(site: Path) -> str:
+def expected_digest(site: Path, extra: tuple[LabelledFile, ...] = ()) -> str:
     base = f"package/{PKG}"
     files = {
         "python/executable": Path(sys.executable).resolve(),
@@ -65,7 +65,8 @@ def expected_digest(site: Path) -> str:
         f"{base}/distribution/{DIST}/RECORD": site / DIST / "RECORD",
     }
     dirs = [f"{base}/import", f"{base}/import/sub", f"{base}/metadata"]
-    return runtime_content_sha256(dirs, [LabelledFile(k, rec(v)) for k, v in files.items()])
+    labelled = [LabelledFile(k, rec(v)) for k, v in files.items()] + list(extra)
+    return runtime_content_sha256(dirs, labelled)
 
 
 def test_fake_distribution_digest_and_counts(
@@ -222,3 +223,34 @@ def test_real_heavy_runtime_is_stable() -> None:
     one = runtime_content(limiter=ReadRateLimiter(None), packages=packages)
     two = runtime_content(limiter=ReadRateLimiter(None), packages=packages)
     assert one == two
+
+
+def test_record_entries_outside_the_site_and_through_linked_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Console scripts (``../bin/x``) and a RECORD folder reached through a link
+    resolve to the real files; each label is hashed from its real file."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kilnfake-tool").write_text("#!/bin/sh\n")
+    (tmp_path / "real-data").mkdir()
+    (tmp_path / "real-data" / "table.txt").write_text("1 2 3\n")
+    site = make_site(
+        tmp_path,
+        monkeypatch,
+        extra_record="../bin/kilnfake-tool,,\nkilnfake-data/table.txt,,",
+    )
+    (site / "kilnfake-data").symlink_to(tmp_path / "real-data")
+    limiter = ReadRateLimiter(None)
+    content = runtime_content(limiter=limiter, packages=(PKG,))
+    base = f"package/{PKG}/distribution"
+    extra = (
+        LabelledFile(f"{base}/../bin/kilnfake-tool", rec(tmp_path / "bin" / "kilnfake-tool")),
+        LabelledFile(f"{base}/kilnfake-data/table.txt", rec(tmp_path / "real-data" / "table.txt")),
+    )
+    assert content.sha256 == expected_digest(site, extra)
+    assert content.files == 11
+    (tmp_path / "real-data" / "table.txt").unlink()
+    with pytest.raises(LauncherError) as err:
+        runtime_content(limiter=ReadRateLimiter(None), packages=(PKG,))
+    assert err.value.rule == "runtime_content.missing_file"
+    assert "table.txt" in err.value.message
