@@ -81,6 +81,9 @@ POLL_SECONDS = 0.05
 KILL_WAIT_SECONDS = 10.0
 MAX_PROC_ENTRIES = 4_194_304  # pid_max on 64-bit Linux
 MAX_ATTEMPT_LINE_BYTES = 64 * 1024
+# Past this size the log is renamed to ``<name>.1`` (replacing an older one)
+# before the next line, so a cache root holds at most about twice this much.
+MAX_ATTEMPTS_LOG_BYTES = 1024 * 1024
 
 
 def exit_status(returncode: int) -> int:
@@ -148,10 +151,36 @@ def check_inherited_group() -> None:
 
 
 class AttemptsLog:
-    """Append-only JSON lines, one per startup attempt outcome."""
+    """Append-only JSON lines, one per startup attempt outcome, rotated once at 1 MiB."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+
+    def _open(self) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            raise LauncherError(
+                f"cannot open the attempts log {self.path}: {exc.strerror}",
+                rule="supervisor.attempts_log",
+            ) from None
+
+    def _open_bounded(self) -> int:
+        fd = self._open()
+        if os.fstat(fd).st_size < MAX_ATTEMPTS_LOG_BYTES:
+            return fd
+        os.close(fd)
+        try:
+            os.rename(self.path, f"{self.path}.1")
+        except FileNotFoundError:
+            pass  # another launcher sharing the cache root rotated it first
+        except OSError as exc:
+            raise LauncherError(
+                f"cannot rotate the attempts log {self.path}: {exc.strerror}",
+                rule="supervisor.attempts_log",
+            ) from None
+        return self._open()
 
     def record(self, *, pid: int | None, argv: Sequence[str], outcome: str) -> None:
         entry = {
@@ -164,14 +193,7 @@ class AttemptsLog:
         if len(line) > MAX_ATTEMPT_LINE_BYTES:
             entry["argv"] = ["<argv too long to log>"]
             line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(self.path, flags, 0o600)
-        except OSError as exc:
-            raise LauncherError(
-                f"cannot open the attempts log {self.path}: {exc.strerror}",
-                rule="supervisor.attempts_log",
-            ) from None
+        fd = self._open_bounded()
         try:
             os.write(fd, line)
         finally:

@@ -22,6 +22,8 @@ import pytest
 
 from kiln_registry.errors import LauncherError
 from kiln_registry.launcher.supervisor import (
+    MAX_ATTEMPTS_LOG_BYTES,
+    AttemptsLog,
     HealthTarget,
     ProcessGroup,
     check_port_free,
@@ -286,3 +288,25 @@ def test_exit_status_mapping() -> None:
     assert exit_status(0) == 0
     assert exit_status(3) == 3
     assert exit_status(-signal.SIGKILL) == 137
+
+
+def test_attempts_log_is_rotated_once_it_is_large(tmp_path: Path) -> None:
+    path = tmp_path / "attempts.jsonl"
+    old = b'{"old":true}\n' * (MAX_ATTEMPTS_LOG_BYTES // 13 + 1)
+    path.write_bytes(old)
+    (tmp_path / "attempts.jsonl.1").write_bytes(b"oldest\n")
+    log = AttemptsLog(str(path))
+    log.record(pid=7, argv=["vllm", "serve"], outcome="ready")
+    assert (tmp_path / "attempts.jsonl.1").read_bytes() == old
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line)["outcome"] == "ready"
+    log.record(pid=8, argv=["vllm"], outcome="exited")
+    assert len(path.read_text().splitlines()) == 2  # small again: appended in place
+
+
+def test_attempts_log_refuses_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "attempts.jsonl").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LauncherError) as err:
+        AttemptsLog(str(tmp_path / "attempts.jsonl")).record(pid=1, argv=[], outcome="x")
+    assert err.value.rule == "supervisor.attempts_log"
