@@ -15,12 +15,13 @@ reflink path (a loop-mounted XFS image, needs root and ``mkfs.xfs``)
     (FICLONE; source hash, destination hash, sealed re-hash, verify).
 
 Page caches are warm for every arm: on the reflink path staging drops each
-source file's cached pages once it is hashed, so an untimed hash pass re-reads
-the source after each staging run, before its snapshot is deleted.  Each timed arm then starts
-right after the other arm's output was deleted, so both find the same amount
-of just-freed memory (this matters on VMs that hand freed memory back to the
-host, where first touches of fresh memory are slow).  ``sync`` runs, untimed,
-before each arm so that one arm's write-back does not land in the next.
+source file's cached pages once it is hashed, so an untimed hash pass
+re-reads the source after each reflink staging run, before its snapshot is
+deleted.  Each timed arm then starts right after the other arm's output was
+deleted, so both find the same amount of just-freed memory (this matters on
+VMs that hand freed memory back to the host, where first touches of fresh
+memory are slow).  ``sync`` runs, untimed, before each arm so that one arm's
+write-back does not land in the next.
 Median and minimum of the repeats are reported, because other processes on a
 shared machine steal time from either arm.  Targets: copy path <= 1.3x,
 reflink path <= 3.0x.  Prints one JSON document.
@@ -111,7 +112,8 @@ def stage_once(model: Path, root: Path, counts: dict[str, int]) -> float:
     seconds = timed(run)
     staged = holder[0]
     counts["reflinked"], counts["copied"] = staged.reflinked_files, staged.copied_files
-    hash_pass(model)  # untimed: reflink staging dropped the source's cached pages
+    if staged.reflinked_files:
+        hash_pass(model)  # untimed: reflink staging dropped the source's cached pages
     remove_snapshot(staged)
     return seconds
 

@@ -179,7 +179,8 @@ def adapter_rank_cap(adapter_config: Mapping[str, object]) -> int:
     )
 
 
-_CONTROL_BYTES = re.compile(b"[\x00-\x1f\x7f]")
+# A control character (C0 or DEL) in a runtime label; the launcher's inventory uses it too.
+RUNTIME_LABEL_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def validate_runtime_label(label: str) -> bytes:
@@ -189,7 +190,7 @@ def validate_runtime_label(label: str) -> bytes:
             f"runtime label of {len(data)} bytes is empty or over 4096 bytes",
             rule="runtime_content.label_length",
         )
-    if _CONTROL_BYTES.search(data):
+    if RUNTIME_LABEL_CONTROL.search(label):
         raise IdentityError(
             "runtime label contains a control character", rule="runtime_content.label_control"
         )

@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln_registry.errors import IdentityError, LauncherError
-from kiln_registry.identity.digests import LabelledFile, runtime_content_sha256
+from kiln_registry.identity.digests import (
+    RUNTIME_LABEL_CONTROL,
+    LabelledFile,
+    runtime_content_sha256,
+)
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_files
 
 RUNTIME_PACKAGES: tuple[str, ...] = ("vllm", "torch", "transformers", "tokenizers")
@@ -83,9 +87,6 @@ def runtime_versions(packages: Sequence[str] = RUNTIME_PACKAGES) -> dict[str, st
     return versions
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
 @dataclass
 class _Inventory:
     """Labels -> resolved paths, with every limit checked before an append.
@@ -108,7 +109,7 @@ class _Inventory:
                 f"runtime tree {label!r} is nested deeper than {MAX_DEPTH} levels",
                 rule="runtime_content.too_deep",
             )
-        if _CONTROL.search(label):
+        if RUNTIME_LABEL_CONTROL.search(label):
             raise LauncherError(
                 f"runtime label {label!r} has a control character",
                 rule="runtime_content.label_control",
@@ -263,9 +264,11 @@ def _scan_tree(
             )
 
 
-def _scan_path(inv: _Inventory, path: str, label: str) -> None:
+def _scan_path(inv: _Inventory, path: str, label: str) -> str:
+    """Walk the tree at ``path``; its resolved path."""
     resolved = _resolve(path, label)
     _scan_tree(inv, resolved, _lstat(resolved, label), label)
+    return resolved
 
 
 def _import_locations(package: str) -> tuple[str | None, str | None]:
@@ -305,14 +308,10 @@ def _add_located(inv: _Inventory, path: str, label: str) -> None:
 def _add_package(inv: _Inventory, package: str) -> None:
     base = f"package/{package}"
     root, origin = _import_locations(package)
-    if root is not None:
-        _scan_path(inv, root, f"{base}/import")
+    tree = None if root is None else _scan_path(inv, root, f"{base}/import")
     if origin is not None:
         resolved, info = inv.locate(origin, f"{base}/import-origin")
-        inside = root is not None and Path(resolved).is_relative_to(
-            _resolve(root, f"{base}/import")
-        )
-        if not inside:
+        if tree is None or not Path(resolved).is_relative_to(tree):
             inv.add_file(f"{base}/import-origin/{os.path.basename(resolved)}", resolved, info, 1)
     dist = _distribution(package)
     meta = getattr(dist, "_path", None)  # the .dist-info folder of a PathDistribution
