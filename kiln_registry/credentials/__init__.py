@@ -10,6 +10,7 @@ from kiln_registry.credentials.origin import (
     TeacherEndpoint,
     canonical_origin,
     is_loopback_host,
+    kiln_loopback_host,
     parse_teacher_url,
 )
 from kiln_registry.credentials.redaction import (
@@ -42,6 +43,7 @@ __all__ = [
     "install_redaction",
     "is_loopback_host",
     "is_valid_env_name",
+    "kiln_loopback_host",
     "parse_teacher_url",
     "redact_text",
     "resolve_teacher_endpoint",

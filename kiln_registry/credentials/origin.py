@@ -1,14 +1,22 @@
-"""Canonical HTTPS origins and teacher endpoint URLs.
+"""Canonical teacher origins and teacher endpoint URLs (Kiln's rules).
 
 Owns two parsers.  ``canonical_origin`` checks that a configured credential
-origin is *already* in its one canonical spelling (``https://host[:port]``,
+origin is *already* in its one canonical spelling (``scheme://host[:port]``,
 lowercase, IDNA A-labels, no default port, no path, compressed bracketed
 IPv6) and refuses it otherwise, naming the rule.  ``parse_teacher_url``
 parses a registration URL leniently about case and default ports, strictly
 about everything else, and derives the ``/v1/completions`` endpoint from it.
 
-Neither function resolves names, opens sockets or reads the environment;
-"loopback" means an exact loopback literal or ``localhost``.  Error messages
+Both follow Kiln (``crates/kiln-server/src/config.rs``
+``TeacherCredentialConfig``, ``crates/kiln-train/src/remote_teacher.rs``
+``normalize_vllm_completions_url``): ``https`` anywhere, plain ``http``
+only to a Kiln loopback host, which is ``localhost`` or an IPv4 address in
+127.0.0.0/8.  Kiln compares the URL's bracketed host text, so ``[::1]`` is
+not loopback there and is not here either (``kiln_loopback_host``);
+``is_loopback_host`` keeps the wider meaning for the server's own bind
+address.
+
+Neither function resolves names, opens sockets or reads the environment.  Error messages
 never echo a whole URL, because its userinfo or query could hold a secret.
 Imports: standard library, ``idna`` (already required by httpx) and
 ``kiln_registry.errors``; never httpx, the database or FastAPI.
@@ -44,7 +52,8 @@ def _origin_fail(rule: str, message: str) -> NoReturn:
     raise ConfigError(
         f"origin {message}",
         rule=f"origin.{rule}",
-        hint="write the origin exactly as https://host[:port] in its canonical form",
+        hint="write the origin exactly as https://host[:port] (http:// only for localhost or"
+        " 127.0.0.0/8) in its canonical form",
     )
 
 
@@ -203,27 +212,35 @@ def _origin_text(scheme: str, host: str, port: int | None) -> str:
 
 
 def canonical_origin(text: str) -> str:
-    """Return ``text`` if it is already a canonical HTTPS origin; refuse it otherwise.
+    """Return ``text`` if it is already a canonical teacher origin; refuse it otherwise.
 
-    Raises ``ConfigError`` with a rule such as ``origin.not_https``,
+    ``https://host[:port]``, or ``http://host[:port]`` for a Kiln loopback
+    host (``localhost``, 127.0.0.0/8), as Kiln's ``[teachers.credentials]``
+    allows.  Raises ``ConfigError`` with a rule such as ``origin.not_https``,
     ``origin.uppercase``, ``origin.default_port``, ``origin.path``,
     ``origin.trailing_dot``, ``origin.userinfo``, ``origin.idna`` or
     ``origin.ipv6_form``; the message suggests the canonical spelling when
     one exists.
     """
     raw = _split_url(text, _origin_fail, MAX_ORIGIN_LENGTH)
-    if raw.scheme.lower() != "https":
-        _origin_fail("not_https", "must use https:// (plain http is for loopback teachers only)")
+    scheme = raw.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        _origin_fail("not_https", "must use https:// (or http:// to localhost or 127.0.0.0/8)")
     port = _parse_port(raw.port_text, _origin_fail)
     host = _normalize_host(raw.host, raw.bracketed, _origin_fail)
-    suggestion = _origin_text("https", host, None if port == 443 else port)
+    if scheme == "http" and not kiln_loopback_host(host):
+        _origin_fail(
+            "not_https", f"must use https:// for host {host!r} (http:// is for loopback only)"
+        )
+    default = DEFAULT_PORTS[scheme]
+    suggestion = _origin_text(scheme, host, None if port == default else port)
     if raw.path:
         _origin_fail("path", f"must have no path, not even '/'; write {suggestion!r}")
-    if port == 443:
-        _origin_fail("default_port", f"must omit the default port 443; write {suggestion!r}")
+    if port == default:
+        _origin_fail("default_port", f"must omit the default port {default}; write {suggestion!r}")
     if not raw.host.isascii():
         _origin_fail("idna", f"must use the IDNA (punycode) host; write {suggestion!r}")
-    if raw.scheme != "https" or raw.host.lower() != raw.host:
+    if raw.scheme != scheme or raw.host.lower() != raw.host:
         _origin_fail("uppercase", f"must be lowercase; write {suggestion!r}")
     if raw.bracketed and raw.host != host:
         _origin_fail("ipv6_form", f"must use the compressed IPv6 form; write {suggestion!r}")
@@ -261,9 +278,13 @@ def parse_teacher_url(url: str) -> TeacherEndpoint:
         _url_fail("scheme", "must use http:// or https://")
     port = _parse_port(raw.port_text, _url_fail)
     host = _normalize_host(raw.host, raw.bracketed, _url_fail)
-    loopback = is_loopback_host(host)
+    loopback = kiln_loopback_host(host)
     if scheme == "http" and not loopback:
-        _url_fail("http_not_loopback", f"uses plain http to non-loopback host {host!r}; use https")
+        _url_fail(
+            "http_not_loopback",
+            f"uses plain http to host {host!r}; use https (plain http is for localhost and"
+            " 127.0.0.0/8 only, as in Kiln)",
+        )
     effective_port = DEFAULT_PORTS[scheme] if port is None else port
     origin = _origin_text(scheme, host, None if effective_port == DEFAULT_PORTS[scheme] else port)
     return TeacherEndpoint(
@@ -275,6 +296,21 @@ def parse_teacher_url(url: str) -> TeacherEndpoint:
         completions_url=origin + _completions_path(raw.path),
         is_loopback=loopback,
     )
+
+
+def kiln_loopback_host(host: str) -> bool:
+    """Kiln's teacher-URL loopback rule: exactly ``localhost`` or an IPv4 in 127.0.0.0/8.
+
+    ``host`` is the canonical host text from ``_normalize_host`` (lowercase,
+    no brackets).  IPv6 ``::1`` is not included: Kiln tests the URL's
+    bracketed host text, which never parses as an address.
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.IPv4Address(host) in ipaddress.IPv4Network("127.0.0.0/8")
+    except ValueError:
+        return False
 
 
 def is_loopback_host(host: str) -> bool:

@@ -78,8 +78,8 @@ def _credential_handle(
 def _check_credential_free(endpoint: TeacherEndpoint, server_host: str) -> None:
     if not endpoint.is_loopback:
         raise RegistrationInvalid(
-            "a credential-free teacher must use an exact loopback URL "
-            f"(127.0.0.0/8, [::1] or localhost), not host {endpoint.host!r}",
+            "a credential-free teacher must use a loopback URL "
+            f"(localhost or 127.0.0.0/8, as in Kiln), not host {endpoint.host!r}",
             rule="credential.loopback_url_required",
             hint="configure [teachers.credentials.<id>] and pass credential_id for this teacher",
         )

@@ -38,8 +38,9 @@ NORMALISED = [
     ("http://127.0.0.1:8000", "http", "127.0.0.1", 8000, "http://127.0.0.1:8000", True),
     ("http://127.9.9.9", "http", "127.9.9.9", 80, "http://127.9.9.9", True),
     ("HTTP://LocalHost:80/", "http", "localhost", 80, "http://localhost", True),
-    ("http://[::1]:8000", "http", "::1", 8000, "http://[::1]:8000", True),
-    ("http://[0:0:0:0:0:0:0:1]", "http", "::1", 80, "http://[::1]", True),
+    # Kiln (crates/kiln-train/src/remote_teacher.rs) tests the bracketed host
+    # text, so [::1] is not a loopback host for a teacher URL.
+    ("https://[::1]:8000", "https", "::1", 8000, "https://[::1]:8000", False),
     ("https://localhost:443", "https", "localhost", 443, "https://localhost", True),
     ("https://T.Example.com:443/v1", "https", "t.example.com", 443, "https://t.example.com", False),
     (
@@ -78,6 +79,8 @@ REFUSED = [
     ("http://teacher.example.com", "url.http_not_loopback"),
     ("http://10.0.0.1:8000", "url.http_not_loopback"),
     ("http://0.0.0.0:8000", "url.http_not_loopback"),
+    ("http://[::1]:8000", "url.http_not_loopback"),
+    ("http://[0:0:0:0:0:0:0:1]", "url.http_not_loopback"),
     ("http://localhost.:8000", "url.trailing_dot"),
     ("ftp://127.0.0.1", "url.scheme"),
     ("ws://127.0.0.1", "url.scheme"),

@@ -1,4 +1,4 @@
-"""canonical_origin: exact canonical HTTPS origins only, each refusal named."""
+"""canonical_origin: exact canonical origins only (Kiln's rules), each refusal named."""
 
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ CANONICAL = [
     "https://xn--bcher-kva.example",
     "https://a-b.c-d.example:80",
     "https://" + "a" * 63 + ".example",
+    # Kiln allows plain http for loopback origins (crates/kiln-server/src/config.rs,
+    # TeacherCredentialConfig: "HTTPS is required unless the host is loopback").
+    "http://127.0.0.1:8000",
+    "http://127.0.0.1",
+    "http://127.9.9.9:1",
+    "http://localhost:8000",
 ]
 
 
@@ -40,6 +46,12 @@ def test_canonical_origins_are_returned_unchanged(origin: str) -> None:
 REFUSED = [
     # (origin, rule, suggestion or None)
     ("http://teacher.example.com", "origin.not_https", None),
+    ("http://10.0.0.1:8000", "origin.not_https", None),
+    ("http://[::1]:8000", "origin.not_https", None),
+    ("http://127.0.0.1:80", "origin.default_port", "http://127.0.0.1"),
+    ("http://127.0.0.1:8000/", "origin.path", "http://127.0.0.1:8000"),
+    ("HTTP://127.0.0.1:8000", "origin.uppercase", "http://127.0.0.1:8000"),
+    ("http://LOCALHOST:8000", "origin.uppercase", "http://localhost:8000"),
     ("ftp://teacher.example.com", "origin.not_https", None),
     ("teacher.example.com", "origin.scheme", None),
     ("https:teacher.example.com", "origin.scheme", None),
