@@ -1,14 +1,20 @@
-"""Response-allocation bounds (identity-spec.md section 6).
+"""Response-allocation bounds (identity-spec.md section 6, as Kiln validates them).
 
 Owns the arithmetic that ties ``max_prompt_logprob_candidates`` to
-``max_top_k``, ``vocab_size`` and ``max_model_len``:
+``max_top_k`` and ``vocab_size``, with the relations Kiln's
+``TeacherIdentityV1::validate`` makes (crates/kiln-train/src/teacher_identity.rs)::
 
     row_width = min(max_top_k + 1, vocab_size)
-    row_width <= candidates <= min(1_000_000, max_model_len * row_width)
+    row_width <= candidates <= 1_000_000
 
-A row may hold ``max_top_k + 1`` candidates because vLLM can return the
-sampled token beside the requested top-K.  Refusals are ``IdentityError``
-with ``rule="bounds.<name>"``.  Imports: standard library and
+Kiln does not relate the budget to ``max_model_len``, so neither does the
+identity here: a budget above ``max_model_len * row_width`` is valid, and a
+response is simply bounded by the smaller of the two (``allocation_bound``).
+``default_max_candidates`` (the value a launch uses when the option is
+omitted) stays ``min(1_000_000, max_model_len * row_width)``.  A row may hold
+``max_top_k + 1`` candidates because vLLM can return the observed token beside
+the requested top-K.  Refusals are ``IdentityError`` with
+``rule="bounds.<name>"``.  Imports: standard library and
 ``kiln_registry.errors`` only.
 """
 
@@ -37,27 +43,32 @@ def row_width(max_top_k: int, vocab_size: int) -> int:
 
 
 def candidate_ceiling(max_top_k: int, vocab_size: int, max_model_len: int) -> int:
-    """The largest allowed ``max_prompt_logprob_candidates``."""
+    """Most candidates a response of at most ``max_model_len`` positions can carry (<= 1M)."""
     width = row_width(max_top_k, vocab_size)
     length = _positive(max_model_len, "max_model_len")
     return min(MAX_CANDIDATES, length * width)
 
 
 def default_max_candidates(max_top_k: int, vocab_size: int, max_model_len: int) -> int:
-    """The value used when the operator omits the option: the ceiling itself."""
+    """The value used when the operator omits the option: ``candidate_ceiling``."""
     return candidate_ceiling(max_top_k, vocab_size, max_model_len)
 
 
 def validate_max_candidates(
     value: int, *, max_top_k: int, vocab_size: int, max_model_len: int
 ) -> int:
-    """Return ``value`` if it lies within section 6's bounds, else refuse naming the bound."""
+    """Return ``value`` if Kiln's ``validate()`` accepts it, else refuse naming the bound.
+
+    ``max_model_len`` is checked to be a positive integer but bounds nothing
+    here (Kiln makes no such relation); see ``allocation_bound``.
+    """
     if not isinstance(value, int) or isinstance(value, bool):
         raise IdentityError(
             f"max_prompt_logprob_candidates must be an integer, got {type(value).__name__}",
             rule="bounds.type",
         )
     width = row_width(max_top_k, vocab_size)
+    _positive(max_model_len, "max_model_len")
     if value < width:
         raise IdentityError(
             f"max_prompt_logprob_candidates {value} is below one full row"
@@ -69,11 +80,16 @@ def validate_max_candidates(
             f"max_prompt_logprob_candidates {value} exceeds {MAX_CANDIDATES}",
             rule="bounds.above_max",
         )
-    length = _positive(max_model_len, "max_model_len")
-    if value > length * width:
-        raise IdentityError(
-            f"max_prompt_logprob_candidates {value} exceeds max_model_len * row_width"
-            f" = {length} * {width} = {length * width}",
-            rule="bounds.above_model_len",
-        )
     return value
+
+
+def allocation_bound(max_candidates: int, *, prompt_len: int, k: int, vocab_size: int) -> int:
+    """Most candidates a response to a ``prompt_len``-token request at top-``k`` may carry.
+
+    The smaller of the identity's ``max_candidates`` and what the response
+    can legitimately hold (``prompt_len - 1`` rows of ``min(k + 1, vocab_size)``):
+    the bound a parser checks before it allocates a column.
+    """
+    width = min(_positive(k, "k") + 1, _positive(vocab_size, "vocab_size"))
+    rows = max(0, _positive(prompt_len, "prompt_len") - 1)
+    return min(_positive(max_candidates, "max_prompt_logprob_candidates"), rows * width)
