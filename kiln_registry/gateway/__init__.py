@@ -1,0 +1,15 @@
+"""The teacher gateway: the only public door to a launched vLLM.
+
+vLLM listens on a private Unix socket inside the launch's runtime directory;
+the gateway listens on the user's host and port and forwards exactly three
+routes (``POST /v1/completions``, ``GET /v1/models``, ``GET /health``).
+Modules: ``config`` (settings and the entry point's flags), ``refusals``
+(vLLM-shaped error bodies), ``http1`` (the strict request-head parser and
+response framing), ``admission`` (routes, credentials and request limits),
+``upstream`` (the keep-alive client over the Unix socket), ``server`` (the
+asyncio server, forwarding and drain).  ``python -m kiln_registry.gateway``
+runs one; the launcher starts it (``launcher.launch``).
+
+Imports: standard library, h11, ``kiln_registry.errors`` and
+``kiln_registry.probe.parse`` (the response bound); never vLLM or FastAPI.
+"""
