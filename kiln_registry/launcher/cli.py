@@ -5,12 +5,17 @@ Owns the command shell: a dispatcher on the first argument (``cleanup`` ->
 launch flags), the one error path (a ``KilnError`` becomes one line on
 stderr and exit status 2) and the output of each mode:
 
-* ``--manifest-only``: the composed identity as one line of canonical JSON,
+* ``--manifest-only``: one line of canonical JSON with Kiln's keys first
+  (``identity``, ``canonical_json``, ``system_fingerprint``,
+  ``runtime_content_sha256``, as Kiln's ``scripts/vllm_teacher.py`` prints
+  them) and then this project's (``identity_sha256``, ``inference_config``),
   from ``--identity-input`` or measured from ``--model-path`` (source tree
   and installed runtime);
-* ``--dry-run``: one JSON object with the redacted argv over the SOURCE
-  paths (labelled as such), the fingerprint and the vLLM build; nothing is
-  staged.  With ``--identity-input`` vLLM need not be installed;
+* ``--dry-run``: one JSON object with Kiln's keys (the four above, then
+  ``command``: the redacted argv over the SOURCE paths, ``runtime_lora_updates``
+  and ``path_mode``) and then this project's (the source paths, the vLLM
+  build, notes); nothing is staged.  With ``--identity-input`` vLLM need not
+  be installed;
 * a real launch: ``launch.prepare_launch``, one JSON line (fingerprint and
   private snapshot path) immediately before spawn, then foreground
   supervision with signal forwarding.  ``KILN_TEACHER_READY_TIMEOUT_SECONDS``
@@ -75,6 +80,8 @@ Extra vLLM options follow one '--', each as one --name=value token (or a
 reviewed valueless switch).  Errors print one line and exit with status 2.
 """
 
+# The keys Kiln's scripts/vllm_teacher.py prints for --manifest-only and --dry-run.
+KILN_MANIFEST_KEYS = ("identity", "canonical_json", "system_fingerprint", "runtime_content_sha256")
 READY_TIMEOUT_ENV = "KILN_TEACHER_READY_TIMEOUT_SECONDS"
 STOP_GRACE_ENV = "KILN_TEACHER_STOP_GRACE_SECONDS"
 Handler = Callable[[Sequence[str], Mapping[str, str]], int]
@@ -105,7 +112,7 @@ def _launch_or_manifest(argv: Sequence[str], env: Mapping[str, str]) -> int:
     if request.manifest_only:
         inputs = _measured_or_precomputed(request, decision.child_environment)
         composed = compose_launch_identity(request, inputs, decision.child_environment)
-        _print_line(composed.to_output())
+        _print_line(manifest_document(inputs, composed))
         return 0
     if request.dry_run:
         _supervise_options(env)  # a launch would refuse these knobs: so does its dry run
@@ -137,6 +144,19 @@ def _measured_or_precomputed(
         limiter=ReadRateLimiter(request.max_provenance_read_mib_per_second),
         env=child_environment,
     )
+
+
+def manifest_document(inputs: TeacherInput, composed: ComposedIdentity) -> dict[str, object]:
+    """The ``--manifest-only`` output: Kiln's four keys, then this project's two."""
+    identity = composed.identity
+    return {
+        "identity": identity.to_dict(),
+        "canonical_json": identity.canonical_bytes().decode("utf-8"),
+        "system_fingerprint": identity.fingerprint(),
+        "runtime_content_sha256": inputs.runtime_content_sha256,
+        "identity_sha256": identity.digest(),
+        "inference_config": composed.inference_config,
+    }
 
 
 def dry_run_document(
@@ -171,15 +191,18 @@ def dry_run_document(
         )
     elif build is None:
         notes.append("vllm is not installed here; the command assumes the vllm distribution")
+    kiln = manifest_document(inputs, composed)
     return {
+        **{key: kiln[key] for key in KILN_MANIFEST_KEYS},
+        "command": redact_argv(argv),
+        "runtime_lora_updates": "disabled",
+        "path_mode": "source preview; real launches use a verified private snapshot",
         "dry_run": True,
-        "fingerprint": composed.identity.fingerprint(),
         "identity_sha256": composed.identity.digest(),
         "served_model_id": request.served_model_id,
         "source_model_path": model,
         "source_adapter_path": adapter,
         "vllm_build": build,
-        "argv": redact_argv(argv),
         "notes": notes,
     }
 

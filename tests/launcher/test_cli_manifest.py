@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -103,9 +104,16 @@ def test_manifest_is_one_canonical_line(input_file: Path, base_env: dict[str, st
     output = manifest(input_file, base_env, "--host=127.0.0.1", "--port=8000")
     assert output.endswith(b"\n") and output.count(b"\n") == 1
     document = json.loads(output)
-    assert list(document) == ["identity", "identity_sha256", "fingerprint", "inference_config"]
-    assert document["fingerprint"].startswith("kiln-teacher-v1.")
-    assert document["fingerprint"].endswith("." + document["identity_sha256"])
+    assert list(document) == [
+        "identity", "canonical_json", "system_fingerprint", "runtime_content_sha256",
+        "identity_sha256", "inference_config",
+    ]  # fmt: skip
+    assert document["system_fingerprint"].startswith("kiln-teacher-v1.")
+    assert document["system_fingerprint"].endswith("." + document["identity_sha256"])
+    assert document["runtime_content_sha256"] == TEACHER_INPUT["runtime_content_sha256"]
+    canonical = document["canonical_json"].encode("utf-8")
+    assert json.loads(canonical) == document["identity"]
+    assert hashlib.sha256(canonical).hexdigest() == document["identity_sha256"]
     compact = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
     assert output == compact
     config = document["inference_config"]

