@@ -164,7 +164,8 @@ def _checked_args(vllm_args: Sequence[str]) -> list[str]:
     return sorted(vllm_args)
 
 
-def _seed(args: Sequence[str]) -> int | None:
+def _seed(args: Sequence[str]) -> str | None:
+    """The text of ``--seed=`` exactly as given (Kiln writes the string, not a number)."""
     for arg in args:
         if arg == "--seed" or arg.startswith("--seed="):
             value = arg[len("--seed=") :]
@@ -172,7 +173,7 @@ def _seed(args: Sequence[str]) -> int | None:
                 raise IdentityError(
                     f"--seed needs an integer value, got {show(value)}", rule="inference.seed"
                 )
-            return int(value)
+            return value
     return None
 
 
