@@ -1,14 +1,20 @@
 """kiln.toml: frozen, fail-closed configuration models and their loader.
 
 Owns the file format (sections ``[server]``, ``[student]``,
-``[teachers.credentials.<id>]``, ``[teachers.local.<profile>]``, ``[jobs]``),
-``load_config`` (bounded read, ``tomllib``, one ``ConfigError`` naming every
-bad key path and the file) and ``check_startup_environment``.  Unknown keys
-are refused; relative paths resolve against the file's directory.  Nothing
-is read at import time: defaults that depend on the user (the database path)
-are computed when a model is built.
+``[teachers.credentials.<id>]``, ``[teachers.local.<profile>]``, ``[jobs]``,
+plus every section and key of a Kiln server's own kiln.toml, whose models
+live in ``kiln_registry.config_kiln``), ``load_config`` (bounded read,
+``tomllib``, one ``ConfigError`` naming every bad key path and the file) and
+``check_startup_environment``.  A key neither Kiln nor this project knows is
+refused; relative paths of registry keys resolve against the file's
+directory, Kiln's ``[model]`` paths as Kiln reads them.  Without
+``[student]`` the student is Kiln's ``[model] path`` (with its
+``adapter_dir`` and served model id).  Nothing is read at import time:
+defaults that depend on the user (the database path) are computed when a
+model is built.
 
 Imports: standard library, pydantic, platformdirs, ``kiln_registry.errors``,
+``kiln_registry.config_kiln``, ``kiln_registry.config_errors``,
 ``kiln_registry.credentials``, ``kiln_registry.identity.hashing`` (the bounded
 read) and the pure ``kiln_registry.launcher.policy``; never the database,
 probe, API or FastAPI.
@@ -17,7 +23,6 @@ probe, API or FastAPI.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import stat
@@ -41,6 +46,8 @@ from pydantic import (
     model_validator,
 )
 
+from kiln_registry.config_errors import validation_error
+from kiln_registry.config_kiln import KilnSections, KilnServerKeys, kiln_defaults
 from kiln_registry.credentials.origin import canonical_origin
 from kiln_registry.credentials.secrets import (
     ENV_NAME_PATTERN,
@@ -55,13 +62,11 @@ from kiln_registry.launcher.policy import classify_vllm_options
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_PATH_CHARS = 4096
 MAX_ENTRIES = 256
-MAX_REPORTED_ERRORS = 50
 BASE_DIR_CONTEXT = "base_dir"
 
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _DEVICE_RE = re.compile(r"cpu|cuda:(?:0|[1-9][0-9]{0,3})")
 _SERVED_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}")
-_PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 _HOST_RE = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -132,6 +137,12 @@ def _check_device(value: str) -> str:
     return value
 
 
+def _check_label(value: str) -> str:
+    if not value.strip() or len(value) > 256 or any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        raise ValueError("must be 1..256 characters without control characters")
+    return value
+
+
 def _check_served_id(value: str) -> str:
     if not _SERVED_ID_RE.fullmatch(value):
         raise ValueError("must match ^[A-Za-z0-9][A-Za-z0-9._/-]*$ (at most 256 characters)")
@@ -143,8 +154,8 @@ EntryId = Annotated[str, AfterValidator(_check_id)]
 Port = Annotated[StrictInt, Field(ge=1, le=65535)]
 
 
-class ServerConfig(BaseModel):
-    """``[server]``: where the registry listens and keeps its state."""
+class ServerConfig(KilnServerKeys):
+    """``[server]``: where the registry listens and keeps its state, and Kiln's server keys."""
 
     model_config = _FROZEN
 
@@ -160,11 +171,18 @@ class ServerConfig(BaseModel):
 
 
 class StudentConfig(BaseModel):
-    """``[student]``: the loaded student model every teacher must match."""
+    """``[student]``: the loaded student model every teacher must match.
+
+    ``adapter_dir`` (default ``<model_path>/adapters``) holds the adapters a
+    ``kind: "local"`` teacher may wear; ``served_model_id`` names the student
+    as Kiln serves it.  Filled from Kiln's ``[model]`` when absent.
+    """
 
     model_config = _FROZEN
 
     model_path: ConfigPath
+    adapter_dir: ConfigPath | None = None
+    served_model_id: Annotated[str, AfterValidator(_check_label)] | None = None
 
 
 class CredentialConfig(BaseModel):
@@ -235,8 +253,8 @@ class JobsConfig(BaseModel):
         return self
 
 
-class KilnConfig(BaseModel):
-    """The whole of kiln.toml."""
+class KilnConfig(KilnSections):
+    """The whole of kiln.toml: the registry's tables and Kiln's (see ``config_kiln``)."""
 
     model_config = _FROZEN
 
@@ -244,6 +262,25 @@ class KilnConfig(BaseModel):
     student: StudentConfig
     teachers: TeachersConfig = Field(default_factory=TeachersConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_kiln_sections(cls, data: Any) -> Any:
+        return kiln_defaults(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _one_student(self) -> KilnConfig:
+        kiln_path = self.model.kiln_model_dir()
+        if kiln_path is not None and kiln_path != self.student.model_path.absolute():
+            raise ValueError(
+                f"[student] model_path {self.student.model_path} and Kiln's [model] path"
+                f" {kiln_path} name different models; keep one, or make them equal"
+            )
+        return self
+
+    def student_adapter_dir(self) -> Path:
+        """Kiln's rule: ``adapter_dir`` if set, else ``<student model>/adapters``."""
+        return self.student.adapter_dir or self.student.model_path / "adapters"
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> KilnConfig:
@@ -286,40 +323,6 @@ def _parse_toml(path: Path, data: bytes) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}", rule="config.toml") from None
-
-
-def _key_path(loc: Sequence[int | str]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-            continue
-        text = item if _PLAIN_KEY_RE.fullmatch(item) else json.dumps(item[:80])
-        parts.append(text if item == "[key]" or not parts else f".{text}")
-    return "".join(parts) or "(top level)"
-
-
-def _error_line(error: Mapping[str, Any]) -> str:
-    loc: tuple[int | str, ...] = tuple(error["loc"])
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        section = _key_path(loc[:-1])
-        where = "the top level" if not loc[:-1] else f"[{section}]"
-        return f"{_key_path(loc)}: unknown key {str(loc[-1])[:80]!r} in {where}"
-    if kind == "missing":
-        return f"{_key_path(loc)}: required key is missing"
-    message = str(error["msg"])
-    if kind == "value_error":
-        message = str(error.get("ctx", {}).get("error", message))
-    return f"{_key_path(loc)}: {message}"
-
-
-def _validation_error(path: Path, exc: ValidationError) -> ConfigError:
-    errors = exc.errors(include_url=False, include_input=False, include_context=True)
-    lines = [_error_line(error) for error in errors[:MAX_REPORTED_ERRORS]]
-    if len(errors) > MAX_REPORTED_ERRORS:
-        lines.append(f"... and {len(errors) - MAX_REPORTED_ERRORS} more")
-    return ConfigError(f"{path}: " + "; ".join(lines), rule="config.invalid")
 
 
 def check_vllm_args(profile: str, tokens: Sequence[str]) -> None:
@@ -365,7 +368,7 @@ def load_config(path: str | os.PathLike[str]) -> KilnConfig:
     try:
         config = KilnConfig.model_validate(data, context={BASE_DIR_CONTEXT: base_dir})
     except ValidationError as exc:
-        raise _validation_error(file, exc) from None
+        raise validation_error(file, exc) from None
     _check_student(file, config.student)
     for profile, local in sorted(config.teachers.local.items()):
         try:

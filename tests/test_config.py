@@ -23,6 +23,7 @@ from kiln_registry.config import (
     default_database_path,
     load_config,
 )
+from kiln_registry.config_kiln import KilnServerKeys
 from kiln_registry.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +87,10 @@ def test_the_example_loads(tmp_path: Path) -> None:
 )
 def test_the_example_documents_every_key(model: type[pydantic.BaseModel]) -> None:
     text = EXAMPLE.read_text(encoding="utf-8")
-    for key in model.model_fields:
+    # Kiln's own [server] keys are listed in docs/configuration.md; the example
+    # shows the one the registry uses.
+    kiln_only = set(KilnServerKeys.model_fields) - {"request_timeout_secs"}
+    for key in set(model.model_fields) - kiln_only:
         if model is TeachersConfig:
             assert f"[teachers.{key}." in text
         else:
@@ -185,7 +189,7 @@ def test_every_problem_is_reported_in_one_message(tmp_path: Path) -> None:
         "server.log_format:",
         "jobs.workers:",
         "jobs.devices[0]: a device is 'cpu' or 'cuda:<index>'",
-        "student: required key is missing",
+        "student: no student model",
     ):
         assert fragment in error.message
 

@@ -1,0 +1,61 @@
+"""Turning pydantic validation errors on kiln.toml into one ``ConfigError``.
+
+Owns the key-path spelling (``teachers.local.a.port``, quoted odd keys), the
+per-error line (unknown keys name their table) and the cap on how many
+errors one message lists.  Imports: standard library, pydantic's error type
+and ``kiln_registry.errors`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kiln_registry.errors import ConfigError
+
+MAX_REPORTED_ERRORS = 50
+_PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key_path(loc: Sequence[int | str]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            continue
+        text = item if _PLAIN_KEY_RE.fullmatch(item) else json.dumps(item[:80])
+        parts.append(text if item == "[key]" or not parts else f".{text}")
+    return "".join(parts) or "(top level)"
+
+
+def _error_line(error: Mapping[str, Any]) -> str:
+    loc: tuple[int | str, ...] = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        section = _key_path(loc[:-1])
+        where = "the top level" if not loc[:-1] else f"[{section}]"
+        return (
+            f"{_key_path(loc)}: unknown key {str(loc[-1])[:80]!r} in {where}"
+            " (neither Kiln nor kiln-registry has it)"
+        )
+    if kind == "missing":
+        if loc == ("student",):
+            return "student: no student model; set [student] model_path or Kiln's [model] path"
+        return f"{_key_path(loc)}: required key is missing"
+    message = str(error["msg"])
+    if kind == "value_error":
+        message = str(error.get("ctx", {}).get("error", message))
+    return f"{_key_path(loc)}: {message}"
+
+
+def validation_error(path: Path, exc: ValidationError) -> ConfigError:
+    errors = exc.errors(include_url=False, include_input=False, include_context=True)
+    lines = [_error_line(error) for error in errors[:MAX_REPORTED_ERRORS]]
+    if len(errors) > MAX_REPORTED_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_REPORTED_ERRORS} more")
+    return ConfigError(f"{path}: " + "; ".join(lines), rule="config.invalid")
