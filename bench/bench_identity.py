@@ -135,6 +135,8 @@ def measure(root: Path, repeat: int, workers: str) -> dict[str, object]:
         "kiln_peak_rss_mib": round(max(r["peak_rss_kib"] for r in runs) / 1024, 1),
         "kiln_rss_after_imports_mib": round(max(r["rss_before_kib"] for r in runs) / 1024, 1),
         "bytes_hashed": runs[0]["bytes_hashed"],
+        "baseline_s": [round(x, 4) for x in base],
+        "kiln_s": [round(x, 4) for x in kiln],
     }
 
 

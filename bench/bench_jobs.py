@@ -15,8 +15,9 @@ rounds with its own corpus of 2,000 seeded sequences (8..48 tokens), measures:
 
 The two arms alternate which goes first from round to round, so neither
 always runs on the warmer or the quieter machine; the cold/capacity figure is
-the median of the per-round ratios.  Last, the cached re-run of the final
-round's corpus (every sequence a cache hit) against that round's cold job.
+the median of the per-round ratios.  Each round ends with the cached re-run
+of its corpus (every sequence a cache hit) against that round's cold job;
+the cached figure is the median of those per-round speedups.
 
 Targets: cached >= 50x faster than cold; cold throughput >= 0.9x the
 teacher's capacity.  Prints one JSON document.
@@ -186,11 +187,14 @@ def rounds(
         else:
             job, cpu_cold = measured(pids, cold)
             direct_s, cpu_direct = measured(pids, send)
+        cached = cold()  # the same corpus again: every sequence a cache hit
         out.append(
             {
                 "direct_seconds": round(direct_s, 3),
                 "cold_job_seconds": round(job["seconds"], 3),
                 "cold_vs_capacity": round(direct_s / job["seconds"], 3),
+                "cached_job_seconds": round(cached["seconds"], 3),
+                "cached_speedup": round(job["seconds"] / cached["seconds"], 1),
                 "progress": job["progress"],
                 "result_bytes": job["result"]["bytes"],
                 "cpu_seconds_direct": cpu_direct,
@@ -243,13 +247,12 @@ def main() -> None:
             warm = [[(7 * i + j) % 512 for j in range(8 + i % 40)] for i in range(200)]
             asyncio.run(direct(t_url, warm, args.k, args.concurrency))
             measured_rounds = rounds(args, t_url, url, pids, seqs)
-            cached = run_job(url, args.k, f"round{args.rounds - 1}.jsonl")
         finally:
             for proc in (r_proc, t_proc):
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(30)
     ratios = [r["cold_vs_capacity"] for r in measured_rounds]
-    last_cold = measured_rounds[-1]["cold_job_seconds"]
+    speedups = [r["cached_speedup"] for r in measured_rounds]
     report = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -262,12 +265,10 @@ def main() -> None:
         "rounds": measured_rounds,
         "cold_vs_capacity_median": round(statistics.median(ratios), 3),
         "cold_vs_capacity_min": min(ratios),
-        "cached_job_seconds": round(cached["seconds"], 3),
-        "cached_speedup": round(last_cold / cached["seconds"], 1),
-        "cached_progress": cached["progress"],
-        "cached_phases_s": cached["phases_s"],
+        "cached_speedup_median": statistics.median(speedups),
+        "cached_speedup_min": min(speedups),
         "load_average": os.getloadavg(),
-        "targets": {"cached_speedup": ">= 50", "cold_vs_capacity_median": ">= 0.9"},
+        "targets": {"cached_speedup_median": ">= 50", "cold_vs_capacity_median": ">= 0.9"},
     }
     print(json.dumps(report, indent=2))
 

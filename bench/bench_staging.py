@@ -190,7 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=2048)
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-reflink", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix=".bench-staging-", dir=REPO))
