@@ -2,12 +2,16 @@
 
 Owns the wire facts shared by the probe, the scoring path and the jobs module:
 the response-body bound, strict JSON (no duplicate keys, no NaN/Infinity
-literals, UTF-8 only), the per-candidate value rules (canonical decimal token
-ids below the vocabulary, finite or ``-9999.0`` logprobs that are ``<= 0`` and
-float32-exact, integer ranks in ``1..=vocab_size``), and the compact columnar
-form of the rows (``array`` columns plus row offsets, never a dict per
-candidate).  Cross-row semantics (the observed token, rank structure, order,
-probability mass, identity) are ``kiln_registry.probe.verify``'s job.
+literals, UTF-8 only), the per-candidate value rules as Kiln's
+``remote_teacher.rs`` applies them (canonical decimal token ids below the
+vocabulary; any finite JSON number ``<= 0`` as the logprob, rounded to float32
+and refused only when that rounding overflows; integer ranks in
+``1..=vocab_size``; ``decoded_token`` and any other candidate key ignored), and
+the compact columnar form of the rows (``array`` columns plus row offsets,
+never a dict per candidate).  Rows are maps: the wire order of candidates
+carries no meaning.  Cross-row semantics (the observed token, rank structure,
+ties, order, probability mass, identity) are ``kiln_registry.probe.verify``'s
+job.
 
 Refusals are ``ProbeFailed`` with ``rule="probe.<name>"``.  Pure: imports only
 the standard library and ``kiln_registry.errors``; no sockets, numpy or httpx.
@@ -31,6 +35,9 @@ MAX_BODY_LIMIT = 256 << 20
 MAX_VOCAB_SIZE = 16_777_216
 NEG_INF_SENTINEL = -9999.0
 MAX_ERROR_TEXT = 400
+# Doubles at or beyond FLT_MAX + half an ulp round (to nearest, ties to even) to
+# infinity as float32; Kiln refuses those ("not representable as finite f32").
+F32_OVERFLOW = 2.0**128 - 2.0**103
 _MAX_ID_DIGITS = len(str(MAX_VOCAB_SIZE))
 
 
@@ -85,15 +92,18 @@ class PromptLogprobColumns:
     """Rows 1..n-1 of ``prompt_logprobs`` as flat columns.
 
     Row ``r`` (prompt position ``r + 1``) owns candidates
-    ``offsets[r]:offsets[r + 1]`` in wire order; the first is the observed
-    prompt token (``verify`` checks that).  ``logprobs`` are float32-exact, so
-    the ``'f'`` column is lossless.
+    ``offsets[r]:offsets[r + 1]`` in wire order (which means nothing: the
+    observed token may sit anywhere; ``verify`` finds it).  ``logprobs`` are
+    the numbers rounded to float32, as Kiln keeps them.  ``sources`` holds the
+    numbers as float64 when some of them are not float32-exact (Kiln compares
+    ties, order and mass on those); None when ``logprobs`` are exact.
     """
 
     ids: array[int]
     logprobs: array[float]
     ranks: array[int]
     offsets: array[int]
+    sources: array[float] | None = None
 
     @property
     def row_count(self) -> int:
@@ -105,15 +115,6 @@ class PromptLogprobColumns:
 
     def row_width(self, row: int) -> int:
         return self.offsets[row + 1] - self.offsets[row]
-
-    def actual_id(self, row: int) -> int:
-        return self.ids[self.offsets[row]]
-
-    def actual_logprob(self, row: int) -> float:
-        return self.logprobs[self.offsets[row]]
-
-    def actual_rank(self, row: int) -> int:
-        return self.ranks[self.offsets[row]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +140,8 @@ class ErrorBody:
     code: int | None
 
 
-class _Cand(tuple[object, object, object]):
-    """A candidate object ``{"logprob", "rank", "decoded_token"}`` as a tuple."""
+class _Cand(tuple[object, object]):
+    """A candidate object (``logprob`` and ``rank``; other keys ignored) as a tuple."""
 
     __slots__ = ()
 
@@ -166,7 +167,7 @@ def _pairs_hook(pairs: list[tuple[str, object]]) -> object:
         return _Row(pairs)  # type: ignore[arg-type]  # every value checked above
     obj = dict(pairs)
     if "logprob" in obj and "rank" in obj:
-        return _Cand((obj["logprob"], obj["rank"], obj.get("decoded_token", "")))
+        return _Cand((obj["logprob"], obj["rank"]))
     return obj
 
 
@@ -222,7 +223,11 @@ def _token_id(key: str, where: str, vocab_size: int) -> int:
 
 
 def check_logprob(value: object, where: str) -> float:
-    """A logprob: a JSON number, finite (or exactly -9999.0), <= 0, float32-exact."""
+    """A logprob as Kiln takes it: a finite JSON number <= 0 whose float32 rounding is finite.
+
+    Returns the number as float64; ``-0.1`` is valid and is stored as its
+    nearest float32, as Kiln's ``logprob_f64 as f32`` does.
+    """
     if type(value) is not float and type(value) is not int:
         fail("logprob_type", f"{where}.logprob is {type(value).__name__}, not a number")
     try:
@@ -233,8 +238,11 @@ def check_logprob(value: object, where: str) -> float:
         fail("logprob_finite", f"{where}.logprob {number!r} is not finite")
     if number > 0.0:
         fail("logprob_positive", f"{where}.logprob {number!r} is positive")
-    if array("f", [number])[0] != number:
-        fail("logprob_float32", f"{where}.logprob {number!r} is not representable as float32")
+    if number <= -F32_OVERFLOW:
+        fail(
+            "logprob_float32",
+            f"{where}.logprob {number!r} is not representable as a finite float32",
+        )
     return number
 
 
@@ -261,18 +269,19 @@ def _row_entry(row: object, pos: int) -> _Row:
     fail("row_type", f"prompt_logprobs[{pos}] is {type(row).__name__}, not an object")
 
 
-def _append_row(
-    row: _Row, pos: int, vocab_size: int, cols: tuple[array[int], array[float], array[int]]
-) -> None:
-    ids, lps, ranks = cols
+_Cols = tuple["array[int]", "array[float]", "array[int]", "array[float]"]
+
+
+def _append_row(row: _Row, pos: int, vocab_size: int, cols: _Cols) -> None:
+    ids, lps, ranks, sources = cols
     for key, cand in row:
         where = f"prompt_logprobs[{pos}][{key!r}]" if len(key) <= 40 else f"prompt_logprobs[{pos}]"
         ids.append(_token_id(key, where, vocab_size))
-        logprob, rank, decoded = cand
-        lps.append(check_logprob(logprob, where))
+        logprob, rank = cand
+        number = check_logprob(logprob, where)
+        lps.append(number)  # rounds to nearest float32, finite (checked above)
+        sources.append(number)
         ranks.append(_rank(rank, where, vocab_size))
-        if decoded is not None and type(decoded) is not str:
-            fail("decoded_token", f"{where}.decoded_token is {type(decoded).__name__}")
 
 
 def parse_rows(
@@ -289,7 +298,7 @@ def parse_rows(
         )
     if entries and entries[0] is not None:
         fail("prompt_logprobs_first", "choices[0].prompt_logprobs[0] must be null")
-    ids, lps, ranks = array("i"), array("f"), array("i")
+    cols: _Cols = (array("i"), array("f"), array("i"), array("d"))
     offsets = array("q", [0])
     total = 0
     for pos in range(1, len(entries)):
@@ -301,9 +310,13 @@ def parse_rows(
         total += len(row)
         if total > max_candidates:
             fail("candidate_budget", f"prompt_logprobs has more than {max_candidates} candidates")
-        _append_row(row, pos, vocab_size, (ids, lps, ranks))
+        _append_row(row, pos, vocab_size, cols)
         offsets.append(total)
-    return PromptLogprobColumns(ids=ids, logprobs=lps, ranks=ranks, offsets=offsets)
+    ids, lps, ranks, sources = cols
+    exact = array("d", lps) == sources
+    return PromptLogprobColumns(
+        ids=ids, logprobs=lps, ranks=ranks, offsets=offsets, sources=None if exact else sources
+    )
 
 
 def _field(obj: dict[str, object], key: str, kind: type, where: str) -> object:

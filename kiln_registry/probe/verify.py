@@ -4,11 +4,16 @@ Owns every rule that relates a ``ParsedCompletion`` to the request, the teacher
 identity carried in ``system_fingerprint``, an optionally pinned identity and
 the loaded student: canonical Kiln fingerprint (stock ``vllm-*`` refused),
 ``object``, request/response/served model ids (closing the LoRA base-alias
-bypass), ``usage.prompt_tokens``, the single choice, the observed token first
-in every row, the K / K+1 rank structure, non-increasing top-K logprobs, the
-observed token's rank against the top-K, probability mass and the candidate
-budget.  Row checks are vectorized with numpy over zero-copy views of the
-parser's columns, in int32/float32 where that is exact, so a 1M-candidate
+bypass), ``usage.prompt_tokens``, the single choice, and each row as Kiln's
+``remote_teacher.rs`` reads it: a map in which the observed token may sit
+anywhere; K entries (observed token selected, rank <= K) or K+1 (observed token
+extra); the other tokens ranked exactly 1..K with non-increasing logprobs; an
+extra observed token ranked inside the top K must tie that rank's logprob, one
+ranked below must not exceed the K-th; probability mass <= 1 (all candidates on
+the JSON numbers, and the top-K on their float32 values); the candidate budget.
+Comparisons use the float64 numbers where rounding to float32 changed any
+(``PromptLogprobColumns.sources``), as Kiln does.  Row checks are vectorized
+with numpy over zero-copy views of the parser's columns, so a 1M-candidate
 response stays within a few tens of MB.
 
 Student/identity disagreements raise ``IdentityMismatch`` (409); every other
@@ -31,7 +36,6 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.probe.fastscan import first_duplicate
 from kiln_registry.probe.parse import (
-    NEG_INF_SENTINEL,
     ParsedCompletion,
     PromptLogprobColumns,
     fail,
@@ -164,91 +168,148 @@ def _check_values(ids: I32, lps: F32, ranks: I32, vocab: int) -> None:
         fail("logprob_positive", "a logprob is positive or not finite")
 
 
-def _check_actual(ids: I32, starts: IntArray, widths: IntArray, prompt: IntArray) -> None:
-    first = ids[starts]
-    bad = first != prompt[1:]
-    if np.any(bad):
-        row = _first_bad(bad)
-        row_ids = ids[starts[row] : starts[row] + widths[row]]
-        where = f"prompt_logprobs[{row + 1}]"
-        if np.any(row_ids == prompt[row + 1]):
-            fail(
-                "actual_not_first",
-                f"{where} lists the prompt token {prompt[row + 1]} but not first",
-            )
-        fail("actual_missing", f"{where} lacks the prompt token {prompt[row + 1]}")
-
-
 def _check_duplicates(ids: I32, offsets: IntArray) -> None:
     found = first_duplicate(ids, offsets)
     if found is not None:
         fail("duplicate_id", f"prompt_logprobs[{found[0] + 1}] repeats token id {found[1]}")
 
 
-def _rank_layout(
-    ranks: I32, widths: IntArray, starts: IntArray, row_of: I32, k: int
-) -> tuple[npt.NDArray[np.bool_], IntArray]:
-    """Check the K / K+1 structure; return (inside-per-row, top-K slot per candidate or -1)."""
-    if np.any((widths != k) & (widths != k + 1)):
-        row = _first_bad((widths != k) & (widths != k + 1))
+@dataclass(frozen=True, slots=True, eq=False)
+class _Rows:
+    """The columns as numpy views, with the per-row facts the checks share."""
+
+    ids: I32
+    lps: F32
+    ranks: I32
+    values: npt.NDArray[np.floating]  # what Kiln compares: the float64 numbers (or exact f32)
+    starts: IntArray
+    widths: IntArray
+    k: int
+
+
+def _observed(rows: _Rows, prompt: IntArray) -> IntArray:
+    """The index of each row's observed prompt token, which may sit anywhere in its row."""
+    target = prompt[1:]
+    if np.array_equal(rows.ids[rows.starts], target):  # vLLM lists it first
+        return rows.starts
+    hit = rows.ids == np.repeat(target.astype(np.int32), rows.widths)
+    missing = np.add.reduceat(hit, rows.starts) == 0  # ids are distinct: 0 or 1 per row
+    if np.any(missing):
+        row = _first_bad(missing)
+        fail(
+            "actual_missing",
+            f"prompt_logprobs[{row + 1}] does not contain the observed token {target[row]}",
+        )
+    return np.flatnonzero(hit)
+
+
+def _check_widths(rows: _Rows, observed_rank: I32) -> npt.NDArray[np.bool_]:
+    """K entries (observed token selected) or K+1 (extra); return selected-per-row."""
+    k, widths = rows.k, rows.widths
+    bad = (widths != k) & (widths != k + 1)
+    if np.any(bad):
+        row = _first_bad(bad)
         fail(
             "row_width",
-            f"prompt_logprobs[{row + 1}] has {widths[row]} entries; K={k} needs K or K+1",
+            f"prompt_logprobs[{row + 1}] has {widths[row]} entries; K={k} needs K (observed"
+            f" token selected) or K+1 (observed token extra)",
         )
-    inside = widths == k
-    actual_rank = ranks[starts]
-    wrong = np.where(inside, actual_rank > k, actual_rank <= k)
+    selected: npt.NDArray[np.bool_] = widths == k
+    wrong = selected & (observed_rank > k)
     if np.any(wrong):
         row = _first_bad(wrong)
         fail(
             "actual_rank",
-            f"prompt_logprobs[{row + 1}] has {widths[row]} entries but the prompt token's rank is"
-            f" {actual_rank[row]} (K={k}: K entries need rank <= K, K+1 entries rank > K)",
+            f"prompt_logprobs[{row + 1}] has K={k} entries but the observed token's rank"
+            f" {observed_rank[row]} is outside the top K (it needs K+1 entries)",
         )
-    pos = np.arange(ranks.size, dtype=np.int32) - starts.astype(np.int32)[row_of]
-    expected = pos + (inside[row_of] & (pos >= actual_rank[row_of]))
-    bad = (pos >= 1) & (ranks != expected)
-    del expected
-    if np.any(bad):
-        at = _first_bad(bad)
-        fail("topk_ranks", f"prompt_logprobs[{row_of[at] + 1}] top-K ranks are not exactly 1..{k}")
-    in_topk = (pos >= 1) | inside[row_of]
-    del pos
-    slots = row_of.astype(np.int64) * k + ranks - 1
-    slots[~in_topk] = -1
-    return inside, slots
+    return selected
 
 
-def _check_order(
-    lps: F32, ids: I32, slots: IntArray, inside: npt.NDArray[np.bool_], starts: IntArray, k: int
-) -> tuple[npt.NDArray[np.int32], F32]:
-    rows = starts.size
-    top_lp = np.full(rows * k, NEG_INF_SENTINEL, dtype=np.float32)
-    top_id = np.zeros(rows * k, dtype=np.int32)
-    keep = slots >= 0
-    top_lp[slots[keep]] = lps[keep]
-    top_id[slots[keep]] = ids[keep]
-    matrix = top_lp.reshape(rows, k)
+def _topk_slots(
+    rows: _Rows, observed: IntArray, selected: npt.NDArray[np.bool_]
+) -> tuple[IntArray, IntArray]:
+    """(slot ``row * K + rank - 1``, index) of each top-K member; every slot filled once.
+
+    Members are every candidate but an extra observed token; their ranks must
+    be exactly 1..K in each row (as Kiln's by-rank map requires).
+    """
+    k, ranks = rows.k, rows.ranks
+    member = np.ones(ranks.size, dtype=bool)
+    member[observed[~selected]] = False
+    outside = member & (ranks > k)
+    if np.any(outside):
+        at = _first_bad(outside)
+        row = int(np.searchsorted(rows.starts, at, side="right")) - 1
+        fail(
+            "topk_ranks",
+            f"prompt_logprobs[{row + 1}] lists token {rows.ids[at]} with rank {ranks[at]}"
+            f" outside the top {k}, and it is not the observed token",
+        )
+    row_of = np.repeat(np.arange(rows.starts.size, dtype=np.int64), rows.widths)
+    members: IntArray = np.flatnonzero(member)
+    slots: IntArray = row_of[members] * k + ranks[members] - 1
+    del row_of, member
+    repeated = np.bincount(slots, minlength=rows.starts.size * k) != 1
+    if np.any(repeated):
+        row = _first_bad(repeated) // k
+        fail("topk_ranks", f"prompt_logprobs[{row + 1}] top-K ranks are not exactly 1..{k}")
+    return slots, members
+
+
+def _scatter(
+    values: npt.NDArray[np.generic], slots: IntArray, keep: IntArray, shape: int
+) -> np.ndarray:
+    out = np.empty(shape, dtype=values.dtype)
+    out[slots] = values[keep]
+    return out
+
+
+def _check_order(rows: _Rows, matrix: npt.NDArray[np.floating]) -> None:
     increasing = matrix[:, 1:] > matrix[:, :-1]
     if np.any(increasing):
         row = _first_bad(increasing.any(axis=1))
         fail("topk_order", f"prompt_logprobs[{row + 1}] top-K logprobs increase with rank")
-    outside = ~inside
-    above = outside & (lps[starts] > matrix[:, k - 1])
+
+
+def _check_extra(
+    rows: _Rows,
+    matrix: npt.NDArray[np.floating],
+    observed: IntArray,
+    selected: npt.NDArray[np.bool_],
+) -> None:
+    """An extra observed token ranked inside the top K must tie that rank; else not exceed K-th."""
+    k = rows.k
+    extra = np.flatnonzero(~selected)
+    rank = rows.ranks[observed[extra]].astype(np.int64)
+    value = rows.values[observed[extra]]
+    inside = rank <= k
+    at_rank = matrix[extra, np.minimum(rank, k) - 1]
+    untied = inside & (value != at_rank)
+    if np.any(untied):
+        i = _first_bad(untied)
+        fail(
+            "actual_tie",
+            f"prompt_logprobs[{extra[i] + 1}] has K+1 entries and the observed token's rank"
+            f" {rank[i]} is inside the top K, but its logprob does not tie rank {rank[i]}'s",
+        )
+    above = ~inside & (value > at_rank)
     if np.any(above):
-        row = _first_bad(above)
+        i = _first_bad(above)
         fail(
             "actual_rank_inconsistent",
-            f"prompt_logprobs[{row + 1}] ranks the prompt token below K but its logprob"
+            f"prompt_logprobs[{extra[i] + 1}] ranks the observed token below K but its logprob"
             " exceeds the K-th logprob",
         )
-    return top_id.reshape(rows, k), matrix
 
 
-def _check_mass(lps: F32, starts: IntArray) -> None:
-    if not starts.size:
+def _check_mass(rows: _Rows, top_lps: F32 | None) -> None:
+    """Each row's mass on Kiln's numbers, and the top-K's float32 mass when rounding changed any."""
+    if not rows.starts.size:
         return
-    mass = np.add.reduceat(np.exp(lps, dtype=np.float64), starts)
+    mass = np.add.reduceat(np.exp(rows.values, dtype=np.float64), rows.starts)
+    if top_lps is not None:
+        mass = np.maximum(mass, np.exp(top_lps, dtype=np.float64).sum(axis=1))
     over = mass > 1.0 + MASS_TOLERANCE
     if np.any(over):
         row = _first_bad(over)
@@ -269,15 +330,22 @@ def verify_rows(
     if np.any(widths < 1):
         fail("row_width", "a prompt_logprobs row is empty")
     _check_values(ids, lps, ranks, identity.vocab_size)
-    _check_actual(ids, starts, widths, np.asarray(prompt, dtype=np.int64))
     _check_duplicates(ids, offsets)
-    row_of = np.repeat(np.arange(starts.size, dtype=np.int32), widths)
-    inside, slots = _rank_layout(ranks, widths, starts, row_of, k)
-    del row_of
-    top_ids, top_lps = _check_order(lps, ids, slots, inside, starts, k)
-    del slots
-    _check_mass(lps, starts)
-    return ids[starts].copy(), lps[starts].copy(), ranks[starts].copy(), top_ids, top_lps
+    exact = rows.sources is None
+    values = lps if exact else np.frombuffer(rows.sources, dtype=np.float64)  # type: ignore[arg-type]
+    view = _Rows(ids, lps, ranks, values, starts, widths, k)
+    observed = _observed(view, np.asarray(prompt, dtype=np.int64))
+    selected = _check_widths(view, ranks[observed])
+    slots, keep_at = _topk_slots(view, observed, selected)
+    shape = (starts.size, k)
+    top_ids = _scatter(ids, slots, keep_at, shape[0] * k).reshape(shape)
+    top_lps = _scatter(lps, slots, keep_at, shape[0] * k).reshape(shape)
+    matrix = top_lps if exact else _scatter(values, slots, keep_at, shape[0] * k).reshape(shape)
+    del slots, keep_at
+    _check_order(view, matrix)
+    _check_extra(view, matrix, observed, selected)
+    _check_mass(view, None if exact else top_lps)
+    return ids[observed], lps[observed], ranks[observed], top_ids, top_lps
 
 
 def verify_completion(

@@ -164,11 +164,11 @@ def test_number_forms(numbers: list[str], fast: bool) -> None:
 @pytest.mark.parametrize(
     ("numbers", "rule"),
     [
-        (["-0.1", "-0.5"], "probe.logprob_float32"),
         (["1.5", "-0.5"], "probe.logprob_positive"),
+        (["1e-100", "-0.5"], "probe.logprob_positive"),
         (["-1e400", "-0.5"], "probe.logprob_finite"),
         (["-1e39", "-0.5"], "probe.logprob_float32"),
-        (["-1e-50", "-0.5"], "probe.logprob_float32"),
+        (["-3.4028235677973366e38", "-0.5"], "probe.logprob_float32"),
         (["NaN", "-0.5"], "probe.json_constant"),
         (["-Infinity", "-0.5"], "probe.json_constant"),
         (["-01.5", "-0.5"], "probe.json"),
@@ -177,7 +177,7 @@ def test_number_forms(numbers: list[str], fast: bool) -> None:
         (["+1", "-0.5"], "probe.json"),
         (["-1.5e", "-0.5"], "probe.json"),
         (['"-1.5"', "-0.5"], "probe.logprob_type"),
-        (["-16777217", "-0.5"], "probe.logprob_float32"),
+        (["-1" + "0" * 39, "-0.5"], "probe.logprob_float32"),
     ],
 )
 def test_number_refusals_come_from_the_strict_parser(numbers: list[str], rule: str) -> None:
