@@ -2,7 +2,9 @@
 
 Owns the 14-key identity, its value rules, its canonical bytes ``J``, its
 digest and revision, and the launcher's stricter rules (served-model-id
-pattern, adapter name, ``vllm:<version>`` with version >= 0.20.1rc0).  A
+pattern, adapter name, ``vllm:<version>`` with a release >= 0.20.1 read as
+Kiln's launcher reads it: ``0.20.1rc0``, ``0.20.1a0``, ``0.20.1.dev5+g...``
+and ``0.20.1-custom`` all count as 0.20.1).  A
 ``TeacherIdentity`` is validated when it is constructed, so every instance
 in the program is a valid identity.  The shared value checks (bounded text,
 hex, integer ranges) live here too and are reused by the input manifest and
@@ -60,16 +62,12 @@ WHITE_SPACE = frozenset(
 )
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _SERVED_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-_VERSION = re.compile(
-    r"(?P<release>[0-9]+(?:\.[0-9]+)*)"
-    r"(?:(?P<pre_l>a|b|rc)(?P<pre_n>[0-9]+))?"
-    r"(?:\.post(?P<post>[0-9]+))?"
-    r"(?:\.dev(?P<dev>[0-9]+))?"
-    r"(?:\+[A-Za-z0-9]+(?:\.[A-Za-z0-9]+)*)?"
-)
-_PRE_PHASES = {"a": 0, "b": 1, "rc": 2}
-
-VersionKey = tuple[tuple[int, ...], int, int, int, tuple[int, int]]
+# Kiln's launcher (scripts/vllm_teacher.py) reads MAJOR.MINOR[.PATCH] and
+# ignores any suffix of [A-Za-z0-9.+-]: 0.20.1.dev5+g0123abc, 0.20.1a0 and
+# 0.20.1-custom all count as 0.20.1.
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?[A-Za-z0-9.+-]*")
+MIN_VLLM_RELEASE = (0, 20, 1)
+MAX_VERSION_CHARS = 512
 
 
 def show(value: object, limit: int = 60) -> str:
@@ -162,29 +160,15 @@ def check_keys(
     return {str(k): obj[k] for k in keys}
 
 
-def version_key(version: str) -> VersionKey | None:
-    """PEP 440 ordering key of a normalized version without epoch, or None."""
+def vllm_version_supported(version: str) -> bool:
+    """Kiln's rule: ``MAJOR.MINOR[.PATCH]`` plus an optional suffix, release >= 0.20.1."""
+    if len(version) > MAX_VERSION_CHARS:
+        return False
     match = _VERSION.fullmatch(version)
     if match is None:
-        return None
-    release = tuple(int(part) for part in match["release"].split("."))
-    while len(release) > 1 and release[-1] == 0:
-        release = release[:-1]
-    post = -1 if match["post"] is None else int(match["post"])
-    dev = (1, 0) if match["dev"] is None else (0, int(match["dev"]))  # no .dev sorts last
-    if match["pre_l"] is not None:
-        phase, number = _PRE_PHASES[match["pre_l"]], int(match["pre_n"])
-    elif match["dev"] is not None and match["post"] is None:
-        phase, number = -1, 0  # X.devN sorts before X's pre-releases
-    else:
-        phase, number = 3, 0
-    return (release, phase, number, post, dev)
-
-
-def vllm_version_supported(version: str) -> bool:
-    key = version_key(version)
-    minimum = version_key(MIN_VLLM_VERSION)
-    return key is not None and minimum is not None and key >= minimum
+        return False
+    release = tuple(int(part or "0") for part in match.groups())
+    return release >= MIN_VLLM_RELEASE
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,8 +369,9 @@ def _validate_launcher_strict(identity: TeacherIdentity) -> None:
     impl = identity.implementation
     if not impl.startswith("vllm:") or not vllm_version_supported(impl[len("vllm:") :]):
         raise IdentityError(
-            f"implementation {show(impl)} must be 'vllm:<version>' with version"
-            f" >= {MIN_VLLM_VERSION}",
+            f"implementation {show(impl)} must be 'vllm:<version>' with a release"
+            " >= 0.20.1 (MAJOR.MINOR[.PATCH] and an optional [A-Za-z0-9.+-] suffix,"
+            f" as Kiln reads it; {MIN_VLLM_VERSION} counts)",
             rule="identity.implementation",
         )
 
