@@ -4,7 +4,10 @@ Owns reading and validating the strict input file that lets
 ``--manifest-only`` and ``--dry-run`` compute an identity without importing
 vLLM, Transformers or torch and without reading model weights; it never
 serves a real launch.  Also owns the ``runtime_versions`` and
-``accelerator`` value rules, which the inference config reuses.
+``accelerator`` value rules, which the inference config reuses; they are
+Kiln's (``scripts/vllm_teacher.py``): each text value 1..=512 UTF-8 bytes
+without a C0 control character or DEL, device memory any integer >= 0 (Kiln
+reports 0 for CPU and Metal devices).
 
 The file must be a regular file (not a symlink) of at most 64 KiB, checked
 before it is read whole, holding strict JSON with exactly the spec's keys.
@@ -63,7 +66,40 @@ DEVICE_KEYS: tuple[str, ...] = ("index", "name", "architecture", "total_memory_b
 ACCELERATOR_TYPES: tuple[str, ...] = ("cpu", "cuda", "rocm", "metal", "xpu")
 MAX_DEVICES = 256
 MAX_MEMORY_BYTES = 2**64 - 1
+# Kiln's runtime values (versions, driver, device name, architecture): non-empty,
+# at most 512 UTF-8 bytes, no C0 control character or DEL.
+MAX_RUNTIME_TEXT_BYTES = 512
 _P = "input"
+
+
+def check_runtime_text(value: object, field: str) -> str:
+    """A runtime value as Kiln bounds it: 1..=512 UTF-8 bytes, no C0 or DEL."""
+    if not isinstance(value, str):
+        raise IdentityError(
+            f"{field} must be a string, got {type(value).__name__}", rule="input.text_type"
+        )
+    if len(value) > MAX_RUNTIME_TEXT_BYTES:  # a character is at least one byte
+        raise IdentityError(
+            f"{field} is over {MAX_RUNTIME_TEXT_BYTES} UTF-8 bytes", rule="input.text_too_long"
+        )
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise IdentityError(
+            f"{field} is not valid UTF-8 (lone surrogate)", rule="input.text_utf8"
+        ) from None
+    if size == 0:
+        raise IdentityError(f"{field} must not be empty", rule="input.text_empty")
+    if size > MAX_RUNTIME_TEXT_BYTES:
+        raise IdentityError(
+            f"{field} is over {MAX_RUNTIME_TEXT_BYTES} UTF-8 bytes", rule="input.text_too_long"
+        )
+    bad = next((ch for ch in value if ord(ch) < 0x20 or ord(ch) == 0x7F), None)
+    if bad is not None:
+        raise IdentityError(
+            f"{field} contains the control character U+{ord(bad):04X}", rule="input.text_control"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +152,7 @@ class TeacherInput:
 def parse_runtime_versions(obj: object, field: str) -> dict[str, str]:
     """Exactly the six runtime version keys, returned in the spec's order."""
     values = check_keys(obj, RUNTIME_VERSION_KEYS, field, prefix=_P)
-    return {
-        key: check_text(values[key], f"{field}.{key}", prefix=_P) for key in RUNTIME_VERSION_KEYS
-    }
+    return {key: check_runtime_text(values[key], f"{field}.{key}") for key in RUNTIME_VERSION_KEYS}
 
 
 def _parse_device(obj: object, position: int, field: str) -> AcceleratorDevice:
@@ -132,12 +166,12 @@ def _parse_device(obj: object, position: int, field: str) -> AcceleratorDevice:
         )
     return AcceleratorDevice(
         index=index,
-        name=check_text(values["name"], f"{where}.name", prefix=_P),
-        architecture=check_text(values["architecture"], f"{where}.architecture", prefix=_P),
-        total_memory_bytes=check_int(
+        name=check_runtime_text(values["name"], f"{where}.name"),
+        architecture=check_runtime_text(values["architecture"], f"{where}.architecture"),
+        total_memory_bytes=check_int(  # Kiln's CPU, Metal and unknown devices report 0
             values["total_memory_bytes"],
             f"{where}.total_memory_bytes",
-            1,
+            0,
             MAX_MEMORY_BYTES,
             prefix=_P,
         ),
@@ -153,7 +187,7 @@ def parse_accelerator(obj: object, field: str) -> Accelerator:
             f"{field}.type must be one of {', '.join(ACCELERATOR_TYPES)}, got {show(kind)}",
             rule="input.accelerator_type",
         )
-    driver = check_text(values["driver"], f"{field}.driver", prefix=_P)
+    driver = check_runtime_text(values["driver"], f"{field}.driver")
     devices = values["devices"]
     if not isinstance(devices, list) or not 1 <= len(devices) <= MAX_DEVICES:
         raise IdentityError(
