@@ -20,8 +20,7 @@
   per token for a stream's event framing; an error body is read up to
   64 KiB, as ``probe.client.body_cap`` does.
 
-Imports: standard library, ``kiln_registry.probe.parse`` and sibling gateway
-modules.
+Imports: standard library and sibling gateway modules.
 """
 
 from __future__ import annotations
@@ -35,8 +34,6 @@ from typing import TypeGuard
 from kiln_registry.gateway.config import GatewayConfig
 from kiln_registry.gateway.http1 import RequestHead
 from kiln_registry.gateway.refusals import NOT_FOUND, Refusal, bad_param, not_found
-from kiln_registry.probe.client import body_cap
-from kiln_registry.probe.parse import MIN_BODY_LIMIT, response_body_limit
 
 COMPLETIONS = "completions"
 MODELS = "models"
@@ -47,6 +44,11 @@ ROUTES: dict[tuple[bytes, bytes], str] = {
     (b"GET", b"/health"): HEALTH,
 }
 MAX_TOKEN_ID = 2**31 - 1
+# The probe client's bounds (``probe.parse.response_body_limit``, ``probe.client.body_cap``),
+# restated so the gateway imports neither httpx nor numpy; a test keeps them equal.
+MIN_BODY_LIMIT = 1 << 20
+MAX_BODY_LIMIT = 256 << 20
+ERROR_BODY_READ_LIMIT = 64 * 1024
 STREAM_EVENT_BYTES = 512
 _SHOWN_MODEL = re.compile(r"[A-Za-z0-9._/:-]{1,128}")
 
@@ -79,10 +81,17 @@ def check_credentials(head: RequestHead, key: bytes | None) -> None:
         raise Refusal(401, "Unauthorized")
 
 
+def response_body_limit(prompt_len: int, k: int) -> int:
+    """``clamp(prompt_len * (k + 1) * 128 + prompt_len * 32 + 65536, 1 MiB, 256 MiB)``."""
+    raw = prompt_len * (k + 1) * 128 + prompt_len * 32 + 65536
+    return max(MIN_BODY_LIMIT, min(MAX_BODY_LIMIT, raw))
+
+
 def response_cap(status: int, limit: int | None) -> int:
-    """How much of an answer passes: ``probe.client.body_cap`` over the request's bound
+    """How much of an answer passes: all of a 2xx up to the bound, at most 64 KiB of another
     (``None``: a ``/v1/models`` or ``/health`` answer, bounded at 1 MiB)."""
-    return body_cap(status, MIN_BODY_LIMIT if limit is None else limit)
+    bound = MIN_BODY_LIMIT if limit is None else limit
+    return bound if status < 300 else min(bound, ERROR_BODY_READ_LIMIT)
 
 
 def admit_completion(body: bytes, config: GatewayConfig) -> Admitted:

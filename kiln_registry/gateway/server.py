@@ -219,7 +219,11 @@ class Gateway:
         first = response_head(
             response.status_code, response.reason, response.headers.raw_items(), framing
         )
-        relayed = await self._relay(conn, writer, first, cap, chunked=declared is None)
+        try:
+            relayed = await self._relay(conn, writer, first, cap, chunked=declared is None)
+        except Refusal:
+            conn.close()
+            raise
         if relayed:
             self.pool.release(conn)
         else:
@@ -230,26 +234,31 @@ class Gateway:
     async def _relay(
         self, conn: Upstream, writer: asyncio.StreamWriter, first: bytes, cap: int, *, chunked: bool
     ) -> bool:
-        """Copy the body; False when it broke off or passed ``cap`` (the client is cut off)."""
-        pending, pending_bytes, sent = [first], len(first), 0
+        """Copy the body; False when it broke off or passed ``cap`` after bytes were written
+        (the client is cut off), a 502 refusal when that happens before any were."""
+        pending, pending_bytes, sent, written = [first], len(first), 0, False
         while True:
             try:
                 event = await conn.next_event(self.config.upstream_timeout)
-            except UpstreamFailed:
-                return False
+            except UpstreamFailed as exc:
+                if written:
+                    return False
+                raise Refusal(504 if exc.timeout else 502, str(exc)) from None
             if isinstance(event, h11.EndOfMessage):
                 break
             if not isinstance(event, h11.Data) or not event.data:
                 continue
             sent += len(event.data)
             if sent > cap:
-                return False
+                if written:
+                    return False
+                raise Refusal(502, f"the upstream answer exceeds the bound of {cap} bytes")
             framed = [b"%x\r\n" % len(event.data), event.data, b"\r\n"] if chunked else [event.data]
             pending += framed
             pending_bytes += len(event.data)
             if chunked or pending_bytes >= FLUSH_BYTES:
                 writer.write(b"".join(pending))
-                pending, pending_bytes = [], 0
+                pending, pending_bytes, written = [], 0, True
                 await writer.drain()
         pending += [b"0\r\n\r\n"] if chunked else []
         writer.write(b"".join(pending))

@@ -10,7 +10,8 @@ headers) and answers by the ``kiln_test`` field of a completion body:
   raises (uvicorn ends the connection: the body broke off);
 * ``"huge"``: a 2 MiB body with its Content-Length (over a short prompt's bound);
 * ``"stream"``: ``STREAM_EVENTS`` server-sent events, chunked;
-* ``"stream_huge"``: chunked events past the bound of a short prompt.
+* ``"stream_huge"``: chunked events past the bound of a short prompt;
+* ``"stream_drop"``: one chunked event, then the app raises.
 
 ``GET /v1/models`` answers the captured ``models.json``; ``GET /health`` 200
 with an empty body; every other route answers 200 ``{"reached": true}`` so a
@@ -91,6 +92,10 @@ class FakeUpstream:
             raise RuntimeError("fake upstream drops the connection on purpose")
         if mode == "huge":
             return await _reply(send, 200, b"x" * (2 << 20))
+        if mode == "stream_drop":
+            await _start(send, 200, [])
+            await send({"type": "http.response.body", "body": stream_event(0), "more_body": True})
+            raise RuntimeError("fake upstream drops the stream on purpose")
         if mode in ("stream", "stream_huge"):
             return await _stream(send, 4000 if mode == "stream_huge" else STREAM_EVENTS)
         await _reply(send, 200, PL1)
