@@ -20,7 +20,7 @@ from typing import Any
 
 from kiln_registry.cli.argtypes import positive_int
 from kiln_registry.errors import IdentityError, InputError
-from kiln_registry.identity.digests import tokenizer_config_sha256, tokenizer_vocab_sha256
+from kiln_registry.identity.digests import tokenizer_vocab_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import snapshot_content_sha256
 from kiln_registry.model.files import read_json_object
@@ -104,7 +104,7 @@ def _width_for(path: str, explicit: int | None, entries: int) -> tuple[int, str]
 
 
 def _cmd_vocab(args: argparse.Namespace) -> int:
-    from kiln_registry.model.tokenizer import load_tokenizer_json
+    from kiln_registry.model.tokenizer import backend_config_sha256, load_tokenizer_json
 
     view = load_tokenizer_json(args.tokenizer_json, limiter=ReadRateLimiter(None))
     width, source = _width_for(args.tokenizer_json, args.model_width, len(view.vocab))
@@ -113,7 +113,7 @@ def _cmd_vocab(args: argparse.Namespace) -> int:
             "tokenizer_vocab_sha256": tokenizer_vocab_sha256(
                 view.vocab, vocab_size_with_added=view.size_with_added, model_width=width
             ),
-            "tokenizer_config_sha256": tokenizer_config_sha256(view.backend_json),
+            "tokenizer_config_sha256": backend_config_sha256(view),
             "entries": len(view.vocab),
             "model_width": width,
             "model_width_source": source,

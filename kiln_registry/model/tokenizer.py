@@ -4,7 +4,8 @@ Owns ``tokenizers_view`` (``tokenizer.json`` loaded with the ``tokenizers``
 library alone), ``transformers_view`` (``AutoTokenizer`` with local files
 only, no remote code, fast tokenizer: the view vLLM uses),
 ``tokenizer_digests`` (which fails closed when the two views' vocabularies
-differ) and ``student_vocab`` (the registry server's student: tokenizers
+differ, and, as Kiln does, parses the backend JSON strictly before hashing
+it: ``backend_config_sha256``) and ``student_vocab`` (the registry server's student: tokenizers
 view only).  Third-party load failures become ``IdentityError`` here.
 
 Imports: standard library, ``tokenizers``, ``kiln_registry.identity``,
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kiln_registry.errors import IdentityError
+from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.digests import tokenizer_config_sha256, tokenizer_vocab_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.model.files import read_json_object, read_small_file
@@ -125,6 +127,24 @@ def _first_difference(a: Mapping[str, int], b: Mapping[str, int]) -> str:
     return "the views differ"
 
 
+def backend_config_sha256(view: TokenizerView) -> str:
+    """``tokenizer_config_sha256`` of a view, its backend JSON parsed strictly first.
+
+    As Kiln does before hashing: the backend JSON must be non-empty strict
+    JSON (no duplicate keys, no NaN or Infinity) holding one object.
+    """
+    what = f"{view.source}: backend tokenizer JSON"
+    if not view.backend_json:
+        raise IdentityError(f"{what} is empty", rule="tokenizer.backend_json")
+    value = strict_json_loads(view.backend_json, what=what, max_bytes=MAX_TOKENIZER_JSON_BYTES)
+    if not isinstance(value, dict):
+        raise IdentityError(
+            f"{what} is a JSON {type(value).__name__}, not an object",
+            rule="tokenizer.backend_json",
+        )
+    return tokenizer_config_sha256(view.backend_json)
+
+
 def tokenizer_digests(
     model_dir: str | os.PathLike[str],
     model_width: int,
@@ -148,7 +168,7 @@ def tokenizer_digests(
     )
     return TokenizerDigests(
         vocab_sha256=vocab_sha,
-        config_sha256=tokenizer_config_sha256(chosen.backend_json),
+        config_sha256=backend_config_sha256(chosen),
         entries=len(chosen.vocab),
     )
 
