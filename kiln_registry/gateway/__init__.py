@@ -10,6 +10,6 @@ response framing), ``admission`` (routes, credentials and request limits),
 asyncio server, forwarding and drain).  ``python -m kiln_registry.gateway``
 runs one; the launcher starts it (``launcher.launch``).
 
-Imports: standard library, h11 and ``kiln_registry.errors``; never vLLM,
+Imports: standard library and ``kiln_registry.errors``; never vLLM, h11,
 FastAPI, httpx or numpy (the gateway process starts lean).
 """

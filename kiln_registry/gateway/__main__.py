@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Coroutine
 
 from kiln_registry.errors import KilnError
 from kiln_registry.gateway.config import GatewayConfig, parse_gateway_argv
@@ -39,12 +40,22 @@ def main() -> None:
         sys.stderr.write(f"kiln-gateway: error: {exc.one_line()}\n")
         raise SystemExit(2) from None
     try:
-        asyncio.run(serve(config))
+        _run(serve(config))
     except OSError as exc:
         sys.stderr.write(
             f"kiln-gateway: error: cannot listen on {config.host}:{config.port} ({exc.strerror})\n"
         )
         raise SystemExit(2) from None
+
+
+def _run(main: Coroutine[None, None, None]) -> None:
+    """Run on uvloop when it is installed (vLLM depends on it), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,8 @@ def _prompt_len(prompt: object, max_model_len: int) -> int:
             f"prompt contains {len(prompt)} input tokens.",
             "input_tokens",
         )
-    if not all(_is_int(item) and 0 <= item <= MAX_TOKEN_ID for item in prompt):
+    exact_ints = set(map(type, prompt)) == {int}  # a bool is not an int here
+    if not exact_ints or min(prompt) < 0 or max(prompt) > MAX_TOKEN_ID:
         raise bad_param("prompt token ids must be integers in 0..2^31-1", "prompt")
     return len(prompt)
 

@@ -22,7 +22,7 @@ Drain (``Gateway.drain``): stop listening, close idle connections, let
 requests in flight finish (their answers say ``connection: close``) until
 the deadline, then abort what remains.
 
-Imports: standard library, h11 and sibling gateway modules.
+Imports: standard library and sibling gateway modules.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-
-import h11
 
 from kiln_registry.gateway.admission import (
     COMPLETIONS,
@@ -51,7 +49,13 @@ from kiln_registry.gateway.http1 import (
     response_head,
 )
 from kiln_registry.gateway.refusals import Refusal
-from kiln_registry.gateway.upstream import StaleConnection, Upstream, UpstreamFailed, UpstreamPool
+from kiln_registry.gateway.upstream import (
+    ResponseHead,
+    StaleConnection,
+    Upstream,
+    UpstreamFailed,
+    UpstreamPool,
+)
 
 FLUSH_BYTES = 64 * 1024
 DRAIN_POLL_SECONDS = 0.02
@@ -117,7 +121,8 @@ class Gateway:
     ) -> bool:
         """Serve one request; True when the connection stays open for another."""
         try:
-            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.config.idle_timeout)
+            async with asyncio.timeout(self.config.idle_timeout):
+                raw = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             raw = b""  # parse_head refuses it with 431 below
         except (asyncio.IncompleteReadError, TimeoutError):
@@ -172,11 +177,12 @@ class Gateway:
         if not length:
             return b""
         try:
-            return await asyncio.wait_for(reader.readexactly(length), self.config.idle_timeout)
+            async with asyncio.timeout(self.config.idle_timeout):
+                return await reader.readexactly(length)
         except (asyncio.IncompleteReadError, TimeoutError):
             raise Refusal(400, "the request body ended early or arrived too slowly") from None
 
-    async def _exchange(self, head: RequestHead, body: bytes) -> tuple[Upstream, h11.Response]:
+    async def _exchange(self, head: RequestHead, body: bytes) -> tuple[Upstream, ResponseHead]:
         """Send the request upstream; one retry on a fresh connection if a pooled one was stale."""
         headers = _upstream_headers(head, len(body))
         for attempt in range(2):
@@ -207,20 +213,18 @@ class Gateway:
         close: bool,
     ) -> bool:
         """Relay one exchange; False when the client connection had to be ended."""
-        conn, response = await self._exchange(head, body)
-        cap = response_cap(response.status_code, limit)
-        declared = _content_length(response)
+        conn, answer = await self._exchange(head, body)
+        cap = response_cap(answer.status, limit)
+        declared = answer.content_length
         if declared is not None and declared > cap:
             conn.close()
             raise Refusal(502, f"the upstream answer exceeds the bound of {cap} bytes", close=False)
         framing = [b"content-length: %d" % declared] if declared is not None else []
         framing += [] if declared is not None else [b"transfer-encoding: chunked"]
         framing += [b"connection: close"] if close else []
-        first = response_head(
-            response.status_code, response.reason, response.headers.raw_items(), framing
-        )
+        first = response_head(answer.status, answer.reason, answer.headers, framing)
         try:
-            relayed = await self._relay(conn, writer, first, cap, chunked=declared is None)
+            relayed = await self._relay(conn, answer, writer, first, cap)
         except Refusal:
             conn.close()
             raise
@@ -232,34 +236,33 @@ class Gateway:
         return relayed
 
     async def _relay(
-        self, conn: Upstream, writer: asyncio.StreamWriter, first: bytes, cap: int, *, chunked: bool
+        self,
+        conn: Upstream,
+        answer: ResponseHead,
+        writer: asyncio.StreamWriter,
+        first: bytes,
+        cap: int,
     ) -> bool:
         """Copy the body; False when it broke off or passed ``cap`` after bytes were written
         (the client is cut off), a 502 refusal when that happens before any were."""
-        pending, pending_bytes, sent, written = [first], len(first), 0, False
-        while True:
-            try:
-                event = await conn.next_event(self.config.upstream_timeout)
-            except UpstreamFailed as exc:
-                if written:
-                    return False
-                raise Refusal(504 if exc.timeout else 502, str(exc)) from None
-            if isinstance(event, h11.EndOfMessage):
-                break
-            if not isinstance(event, h11.Data) or not event.data:
-                continue
-            sent += len(event.data)
-            if sent > cap:
-                if written:
-                    return False
-                raise Refusal(502, f"the upstream answer exceeds the bound of {cap} bytes")
-            framed = [b"%x\r\n" % len(event.data), event.data, b"\r\n"] if chunked else [event.data]
-            pending += framed
-            pending_bytes += len(event.data)
-            if chunked or pending_bytes >= FLUSH_BYTES:
-                writer.write(b"".join(pending))
-                pending, pending_bytes, written = [], 0, True
-                await writer.drain()
+        chunked = answer.content_length is None
+        pending, sent, written = [first], 0, False
+        try:
+            async for data in conn.body(answer, self.config.upstream_timeout):
+                sent += len(data)
+                if sent > cap:
+                    if written:
+                        return False
+                    raise Refusal(502, f"the upstream answer exceeds the bound of {cap} bytes")
+                pending += [b"%x\r\n" % len(data), data, b"\r\n"] if chunked else [data]
+                if chunked or sent >= FLUSH_BYTES:
+                    writer.write(b"".join(pending))
+                    pending, written = [], True
+                    await writer.drain()
+        except UpstreamFailed as exc:
+            if written:
+                return False
+            raise Refusal(504 if exc.timeout else 502, str(exc)) from None
         pending += [b"0\r\n\r\n"] if chunked else []
         writer.write(b"".join(pending))
         await writer.drain()
@@ -275,10 +278,3 @@ def _upstream_headers(head: RequestHead, length: int) -> list[tuple[bytes, bytes
     if head.method == b"POST":
         headers.append((b"content-length", b"%d" % length))
     return headers
-
-
-def _content_length(response: h11.Response) -> int | None:
-    for name, value in response.headers:
-        if name == b"content-length":
-            return int(value)
-    return None

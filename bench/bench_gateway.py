@@ -1,0 +1,202 @@
+"""Benchmark: scoring throughput through the teacher gateway vs vLLM's socket directly.
+
+A fixed-latency upstream (its own process: an asyncio HTTP/1.1 server on a
+Unix socket that answers every request after ``--latency-ms`` with the
+captured 64-token, top-32 vLLM body, about 140 KB) stands in for vLLM, which
+on 2 CPU cores is far too slow to show the gateway's cost.  The gateway runs
+as its own process exactly as the launcher starts it
+(``python -m kiln_registry.gateway``).  The same client (keep-alive
+connections, one per worker, ``--concurrency`` workers, the same scoring
+request) sends ``--requests`` requests per round, alternating arms:
+
+* ``direct``: to the upstream's Unix socket;
+* ``gateway``: to the gateway's TCP port, which forwards to that socket.
+
+Reported: requests per second per round, the per-round ratio
+gateway/direct, and their median.  Target (issue 20): median >= 0.95.
+Run: ``.venv/bin/python bench/bench_gateway.py [--rounds N] [--concurrency C]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY_FILE = ROOT / "tests" / "data" / "vllm_responses" / "fp32_pl32_64tok.json"
+SERVED = "teacher-tiny"
+
+UPSTREAM = r"""
+import asyncio, sys
+path, latency, body_file = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+body = open(body_file, "rb").read()
+head = (b"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 00:00:00 GMT\r\nserver: uvicorn\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+async def handle(reader, writer):
+    try:
+        while True:
+            raw = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in raw.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            if length:
+                await reader.readexactly(length)
+            await asyncio.sleep(latency)
+            writer.write(head + body)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+async def main():
+    server = await asyncio.start_unix_server(handle, path)
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def scoring_request(host: bytes) -> bytes:
+    body = json.dumps(
+        {
+            "model": SERVED,
+            "prompt": [(7 * i) % 512 for i in range(64)],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 32,
+            "n": 1,
+            "stream": False,
+            "add_special_tokens": False,
+        }
+    ).encode()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+        b"accept: application/json\r\naccept-encoding: identity\r\ncontent-length: %d\r\n\r\n"
+    ) % (host, len(body))
+    return head + body
+
+
+async def open_connection(target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if target.startswith("/"):
+        return await asyncio.open_unix_connection(target, limit=1 << 20)
+    host, port = target.rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port), limit=1 << 20)
+
+
+async def worker(target: str, request: bytes, count: int) -> None:
+    reader, writer = await open_connection(target)
+    try:
+        for _ in range(count):
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200 "):
+                raise RuntimeError(f"unexpected answer {head[:40]!r}")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+    finally:
+        writer.close()
+
+
+async def one_round(target: str, requests: int, concurrency: int) -> float:
+    request = scoring_request(b"localhost")
+    per_worker = requests // concurrency
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(target, request, per_worker) for _ in range(concurrency)))
+    return per_worker * concurrency / (time.perf_counter() - start)
+
+
+def wait_for(check: object, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.05)
+
+
+def start_processes(tmp: Path, latency_ms: float) -> tuple[list[subprocess.Popen[bytes]], str, str]:
+    sock = str(tmp / "vllm.sock")
+    upstream = subprocess.Popen(
+        [sys.executable, "-c", UPSTREAM, sock, str(latency_ms / 1000), str(BODY_FILE)]
+    )
+    wait_for(lambda: os.path.exists(sock), "the upstream")
+    port = 19000 + os.getpid() % 1000
+    gateway = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kiln_registry.gateway",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--upstream-uds={sock}",
+            f"--served-model-id={SERVED}",
+            "--max-model-len=256",
+            "--max-top-k=32",
+        ],  # fmt: skip
+        stderr=subprocess.PIPE,
+    )
+    assert gateway.stderr is not None
+    wait_for(lambda: gateway.stderr.readline().startswith(b"kiln-gateway:"), "the gateway")  # type: ignore[union-attr]
+    return [gateway, upstream], sock, f"127.0.0.1:{port}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=800)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kgwb-") as raw:
+        processes, sock, gateway = start_processes(Path(raw), args.latency_ms)
+        try:
+            for target in (sock, gateway):  # warm both paths
+                asyncio.run(one_round(target, args.concurrency * 4, args.concurrency))
+            rounds = []
+            for index in range(args.rounds):
+                order = [("direct", sock), ("gateway", gateway)]
+                rates = {
+                    name: asyncio.run(one_round(target, args.requests, args.concurrency))
+                    for name, target in (order if index % 2 == 0 else order[::-1])
+                }
+                rates["ratio"] = rates["gateway"] / rates["direct"]
+                rounds.append({k: round(v, 3) for k, v in rates.items()})
+                print(json.dumps(rounds[-1]), file=sys.stderr)
+        finally:
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
+    ratios = [r["ratio"] for r in rounds]
+    report = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },  # fmt: skip
+        "latency_ms": args.latency_ms,
+        "concurrency": args.concurrency,
+        "requests_per_round": args.requests,
+        "response_bytes": BODY_FILE.stat().st_size,
+        "rounds": rounds,
+        "ratio_median": round(statistics.median(ratios), 3),
+        "ratio_min": min(ratios),
+        "load_average": os.getloadavg(),
+        "target": {"ratio_median": ">= 0.95"},
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
