@@ -144,11 +144,12 @@ def start_processes(tmp: Path, latency_ms: float) -> tuple[list[subprocess.Popen
             f"--served-model-id={SERVED}",
             "--max-model-len=256",
             "--max-top-k=32",
-        ],  # fmt: skip
+        ],
         stderr=subprocess.PIPE,
     )
-    assert gateway.stderr is not None
-    wait_for(lambda: gateway.stderr.readline().startswith(b"kiln-gateway:"), "the gateway")  # type: ignore[union-attr]
+    stderr = gateway.stderr
+    assert stderr is not None
+    wait_for(lambda: stderr.readline().startswith(b"kiln-gateway:"), "the gateway")
     return [gateway, upstream], sock, f"127.0.0.1:{port}"
 
 
@@ -184,7 +185,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
-        },  # fmt: skip
+        },
         "latency_ms": args.latency_ms,
         "concurrency": args.concurrency,
         "requests_per_round": args.requests,
