@@ -38,7 +38,7 @@ from kiln_registry.errors import ConfigError
 from kiln_registry.legacy_registry import import_configured_legacy_registry
 from kiln_registry.local.manager import Prepare
 from kiln_registry.local.service import LocalRegistryContext, new_manager, reconcile_at_startup
-from kiln_registry.model.tokenizer import student_vocab
+from kiln_registry.model.tokenizer import student_shape
 from kiln_registry.probe.verify import StudentView
 
 log = logging.getLogger("kiln_registry.server")
@@ -94,7 +94,7 @@ def build_context(config: KilnConfig, *, local_prepare: Prepare | None = None) -
     The context owns the local-teacher manager (``local_prepare`` replaces the
     launcher library, for tests); ``ctx.close()`` drains it.  Nothing is bound yet.
     """
-    vocab_sha256, width = student_vocab(config.student.model_path)
+    vocab_sha256, width, tokenizer_size = student_shape(config.student.model_path)
     engine = open_engine(_database_path(config.server.database))
     try:
         revision = upgrade_to_head(engine)
@@ -106,7 +106,9 @@ def build_context(config: KilnConfig, *, local_prepare: Prepare | None = None) -
         config=config,
         engine=engine,
         sessions=session_factory(engine),
-        student=StudentView(tokenizer_vocab_sha256=vocab_sha256, model_width=width),
+        student=StudentView(
+            tokenizer_vocab_sha256=vocab_sha256, model_width=width, tokenizer_size=tokenizer_size
+        ),
         database_revision=revision,
         local_teachers=new_manager(config, os.environ, local_prepare),
     )

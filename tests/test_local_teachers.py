@@ -201,7 +201,7 @@ def spawned_pids(fake: FakePrepare) -> list[int]:
 
 
 def local_body(alias: str, **extra: Any) -> dict[str, Any]:
-    return {"alias": alias, "kind": "local", "provider": "vllm", "model_id": PROFILE, **extra}
+    return {"alias": alias, "kind": "local", "launch_profile": PROFILE, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +269,7 @@ def test_register_shows_progress_then_publishes_and_delete_stops(
         assert http.delete("/v1/teachers/t1").status_code == 200
         assert not pid_alive(pid) and setup.leftovers() == []
         assert http.get("/v1/teachers/t1").status_code == 404
-    assert seen and seen[0]["usable"] is False and seen[0]["identity_revision"] is None
+    assert seen and seen[0]["usable"] is False and seen[0].get("identity_revision") is None
     assert seen[0]["status_message"].startswith("launching")
 
 
@@ -324,9 +324,15 @@ def test_failed_launch_leaves_no_trace(setup: Setup, identity: TeacherIdentity) 
 def test_profile_rules_refuse_before_any_launch(setup: Setup, identity: TeacherIdentity) -> None:
     fake = FakePrepare(identity.fingerprint())
     with registry(setup, fake) as http:
-        unknown = http.post("/v1/teachers", json={**local_body("t5"), "model_id": "nope"})
+        unknown = http.post("/v1/teachers", json={**local_body("t5"), "launch_profile": "nope"})
         assert unknown.status_code == 400
         assert "teacher.local_profile_unknown" in unknown.json()["error"]["message"]
+        # The old form (the profile in model_id) would now mean the student: refused.
+        old = {"alias": "t5", "kind": "local", "model_id": PROFILE}
+        refused = http.post("/v1/teachers", json=old)
+        assert refused.status_code == 400
+        assert "teacher.local_profile_field" in refused.json()["error"]["message"]
+        assert "launch_profile" in refused.json()["error"]["hint"]
         adapter = http.post("/v1/teachers", json=local_body("t5", adapter=SERVED))
         assert adapter.status_code == 400
         assert "teacher.local_adapter" in adapter.json()["error"]["message"]

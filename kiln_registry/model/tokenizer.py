@@ -177,6 +177,18 @@ def student_vocab(
     model_dir: str | os.PathLike[str], *, limiter: ReadRateLimiter | None = None
 ) -> tuple[str, int]:
     """``(tokenizer_vocab_sha256, model_width)`` of a student, without Transformers."""
+    digest, width, _ = student_shape(model_dir, limiter=limiter)
+    return digest, width
+
+
+def student_shape(
+    model_dir: str | os.PathLike[str], *, limiter: ReadRateLimiter | None = None
+) -> tuple[str, int, int]:
+    """``(tokenizer_vocab_sha256, model_width, tokenizer_size)`` of a student.
+
+    ``tokenizer_size`` counts the added tokens (what Kiln's loaded tokenizer
+    reports as its vocabulary size).
+    """
     directory = os.fspath(model_dir)
     _, config = read_json_object(
         os.path.join(directory, "config.json"), rule="model.config", limiter=limiter
@@ -186,4 +198,4 @@ def student_vocab(
     digest = tokenizer_vocab_sha256(
         view.vocab, vocab_size_with_added=view.size_with_added, model_width=width
     )
-    return digest, width
+    return digest, width, view.size_with_added
