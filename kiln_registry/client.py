@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from kiln_registry.aliases import alias_path_segment, alias_problem
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
     ErrorResponse,
@@ -42,7 +43,6 @@ from kiln_registry.errors import InputError, KilnError
 DEFAULT_SERVER = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 60.0
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
-MAX_ALIAS_CHARS = 128
 MAX_EXCERPT_CHARS = 200
 MAX_RECEIPTS = 1000
 
@@ -114,13 +114,16 @@ def check_base_url(base_url: str) -> str:
 
 
 def alias_path(alias: str) -> str:
-    """The alias as one percent-encoded path segment; empty, long or control text refused."""
-    if not 1 <= len(alias) <= MAX_ALIAS_CHARS or not alias.isprintable():
-        raise InputError(
-            f"teacher alias must be 1..{MAX_ALIAS_CHARS} printable characters",
-            rule="client.alias",
-        )
-    return urllib.parse.quote(alias, safe="")
+    """The alias as one percent-encoded path segment (``/`` as ``%2F``).
+
+    An alias the registry could never hold (blank, over ``MAX_ALIAS_CHARS``,
+    control characters, a reserved last segment) is refused here, before a
+    request whose path could be read another way is sent.
+    """
+    problem = alias_problem(alias)
+    if problem is not None:
+        raise InputError(f"invalid teacher alias: {problem}", rule="client.alias")
+    return alias_path_segment(alias)
 
 
 class RegistryClient:
@@ -211,6 +214,10 @@ class RegistryClient:
     def probe_teacher(self, alias: str) -> ProbeReportPublic:
         """Re-run the probes against the stored identity; returns the probe report."""
         return self._call("POST", f"/v1/teachers/{alias_path(alias)}/probe", ProbeReportPublic)
+
+    def launch_teacher(self, alias: str) -> TeacherEntry:
+        """Relaunch an ``unavailable`` local alias with its stored identity."""
+        return self._call("POST", f"/v1/teachers/{alias_path(alias)}/launch", TeacherEntry)
 
     def receipts(self, alias: str, *, limit: int = 100) -> list[ProbeReceipt]:
         if not 1 <= limit <= MAX_RECEIPTS:

@@ -4,8 +4,10 @@ Every failure the project reports on purpose is a ``KilnError``.  Each class
 carries the HTTP ``status``, a stable snake_case ``code`` (Kiln clients parse
 it), a ``hint`` that says what to do, and, where a named rule failed, the
 ``rule`` (for example ``fingerprint.prefix``).  The API renders any of them
-as ``{"error": {"code", "message", "hint"}}``; the CLI prints one line and
-exits 2.
+as ``{"error": {"code", "message", "hint"}}`` (``hint`` always a string, plus
+``rule`` where one failed); the CLI prints one line and exits 2.  Codes and
+statuses follow Kiln's ``crates/kiln-server/src/error.rs`` where Kiln has the
+same failure.
 
     KilnError
     ├── InputError                 bad operator input (CLI flags, files)       400
@@ -15,6 +17,7 @@ exits 2.
     │   └── PolicyError            a launcher option/env policy refusal        400
     ├── LauncherError              staging, runtime or supervision failed      500
     ├── CredentialError            a credential could not be resolved          400
+    │                              (code teacher_registration_invalid, as Kiln)
     ├── RegistrationInvalid        teacher_registration_invalid                400
     ├── ProbeFailed                teacher_identity_probe_failed               502
     ├── ProbeBusy                  teacher_identity_probe_busy                 503
@@ -22,7 +25,7 @@ exits 2.
     ├── AliasExists                teacher_alias_exists                        409
     ├── IdentityRequired           teacher_identity_required                   409
     ├── TeacherNotFound            teacher_not_found                           404
-    ├── TeacherNotRegistered       teacher_not_registered                      404
+    ├── TeacherNotRegistered       teacher_not_registered                      400
     ├── LocalTeacherBusy           teacher_launch_conflict                     409
     ├── JobInvalid                 job_invalid                                 400
     ├── JobNotFound                job_not_found                               404
@@ -102,17 +105,29 @@ class LauncherError(KilnError):
 
 class CredentialError(KilnError):
     status = 400
-    code = "teacher_credential_invalid"
+    code = "teacher_registration_invalid"
+    default_hint = (
+        "use a credential_id configured under [teachers.credentials] whose origin equals the"
+        " URL's origin and whose variable is set where the server runs"
+    )
 
 
 class RegistrationInvalid(KilnError):
     status = 400
     code = "teacher_registration_invalid"
+    default_hint = (
+        "a remote registration takes alias, kind=remote, provider=vllm, model_id, url and"
+        " optionally a configured credential_id; identity and capabilities come from the probes"
+    )
 
 
 class ProbeFailed(KilnError):
     status = 502
     code = "teacher_identity_probe_failed"
+    default_hint = (
+        "launch the teacher with kiln-teacher (or scripts/vllm_teacher.py), check its URL and"
+        " credential_id, then retry"
+    )
 
 
 class ProbeBusy(KilnError):
@@ -125,6 +140,10 @@ class ProbeBusy(KilnError):
 class IdentityMismatch(KilnError):
     status = 409
     code = "teacher_identity_mismatch"
+    default_hint = (
+        "use a teacher whose tokenizer vocabulary and vocab_size equal the loaded student's"
+        " (and, for a pinned alias, whose identity is unchanged)"
+    )
 
 
 class AliasExists(KilnError):
@@ -136,16 +155,21 @@ class AliasExists(KilnError):
 class IdentityRequired(KilnError):
     status = 409
     code = "teacher_identity_required"
+    default_hint = "delete the alias and register it again so both probes can run"
 
 
 class TeacherNotFound(KilnError):
     status = 404
     code = "teacher_not_found"
+    default_hint = "list the registered aliases with GET /v1/teachers"
 
 
 class TeacherNotRegistered(KilnError):
-    status = 404
+    status = 400
     code = "teacher_not_registered"
+    default_hint = (
+        "register the teacher first (POST /v1/teachers); list aliases with GET /v1/teachers"
+    )
 
 
 class LocalTeacherBusy(KilnError):
@@ -163,8 +187,10 @@ class JobInvalid(KilnError):
 class JobNotFound(KilnError):
     status = 404
     code = "job_not_found"
+    default_hint = "list jobs with GET /v1/jobs"
 
 
 class JobConflict(KilnError):
     status = 409
     code = "job_conflict"
+    default_hint = "read the job's status with GET /v1/jobs/{id}"

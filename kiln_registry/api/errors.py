@@ -1,6 +1,7 @@
 """Render every failure in Kiln's error envelope.
 
-``{"error": {"code", "message", "hint"}}`` with the status of the
+``{"error": {"code", "message", "hint"}}`` (``hint`` always a string; a
+``rule`` member is added when a named rule failed) with the status of the
 ``KilnError`` subclass, ``Retry-After`` where a retry makes sense, request
 validation errors as 400 with the endpoint's invalid-request code naming
 each bad field (never the submitted values), and anything unexpected as a
@@ -31,14 +32,20 @@ MAX_VALIDATION_ITEMS = 20
 MAX_MESSAGE_CHARS = 2000
 
 
-def error_body(code: str, message: str, hint: str | None = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message[:MAX_MESSAGE_CHARS], "hint": hint}}
+def error_body(code: str, message: str, hint: str = "", rule: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message[:MAX_MESSAGE_CHARS], "hint": hint}
+    if rule:
+        error["rule"] = rule
+    return {"error": error}
 
 
-def _invalid_code(path: str) -> str:
+def invalid_code(method: str, path: str) -> str:
+    """The code of a request that fails validation: the endpoint's own invalid-request code."""
     if path.startswith("/v1/jobs"):
         return "job_invalid"
-    return "teacher_registration_invalid"
+    if method == "POST" and path.rstrip("/") == "/v1/teachers":
+        return "teacher_registration_invalid"
+    return "invalid_request"
 
 
 def describe_validation_errors(errors: Sequence[Any]) -> str:
@@ -69,9 +76,9 @@ async def _kiln_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KilnError)
     names = _secret_names(request)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-    hint = redact_text(exc.hint, names) if exc.hint else None
+    hint = redact_text(exc.hint, names) if exc.hint else ""
     return JSONResponse(
-        error_body(exc.code, redact_text(str(exc), names), hint),
+        error_body(exc.code, redact_text(str(exc), names), hint, exc.rule),
         status_code=exc.status,
         headers=headers,
     )
@@ -81,7 +88,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     message = describe_validation_errors(exc.errors())
     return JSONResponse(
-        error_body(_invalid_code(request.url.path), message, "fix the named fields and retry"),
+        error_body(
+            invalid_code(request.method, request.url.path),
+            message,
+            "fix the named fields and retry",
+        ),
         status_code=400,
     )
 
@@ -89,8 +100,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    hint = "the operations and their paths are listed at /openapi.json"
     return JSONResponse(
-        error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        error_body(code, str(exc.detail), hint), status_code=exc.status_code, headers=exc.headers
     )
 
 

@@ -8,16 +8,32 @@ id never reach a response.  Imports pydantic and ``jobs.models``.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from kiln_registry.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS
+from kiln_registry.api.schemas import Sha256Hex, Sha256Ref, WireModel
 from kiln_registry.jobs.models import JobRow
 
 MAX_INLINE_SEQUENCES = 10_000
 MAX_INLINE_TOKENS = 1_000_000
 JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
-JobStatus = Literal["queued", "probing", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    probing = "probing"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class JobSourceKind(StrEnum):
+    inline = "inline"
+    corpus = "corpus"
 
 
 class CorpusRef(BaseModel):
@@ -37,7 +53,12 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["teacher_scoring"]
-    teacher: str = Field(min_length=1, max_length=128, description="A registered teacher alias.")
+    teacher: str = Field(
+        min_length=1,
+        max_length=MAX_ALIAS_CHARS,
+        json_schema_extra={"pattern": ALIAS_JSON_PATTERN},
+        description="A registered teacher alias (as registered; `/` allowed).",
+    )
     top_k: Annotated[
         StrictInt, Field(ge=1, le=65_536, description="K, 1..=the teacher's max_top_k.")
     ]
@@ -59,16 +80,16 @@ class JobCreate(BaseModel):
         return self
 
 
-class JobProgress(BaseModel):
-    total: int = Field(description="Sequences in the job.")
-    done: int = Field(description="Sequences written to the result (scored + cache hits).")
-    scored: int
-    cache_hits: int
-    requests: int = Field(description="Scoring requests sent, retries included.")
-    retries: int
+class JobProgress(WireModel):
+    total: int = Field(ge=0, description="Sequences in the job.")
+    done: int = Field(ge=0, description="Sequences written to the result (scored + cache hits).")
+    scored: int = Field(ge=0)
+    cache_hits: int = Field(ge=0)
+    requests: int = Field(ge=0, description="Scoring requests sent, retries included.")
+    retries: int = Field(ge=0)
 
 
-class JobTimestamps(BaseModel):
+class JobTimestamps(WireModel):
     created_at: str
     claimed_at: str | None = Field(description="A worker claimed this attempt.")
     spec_checked_at: str | None = Field(description="Phase a: the registry still equals the pin.")
@@ -79,33 +100,33 @@ class JobTimestamps(BaseModel):
     updated_at: str
 
 
-class JobError(BaseModel):
+class JobError(WireModel):
     code: str
     rule: str | None
     message: str
 
 
-class JobSource(BaseModel):
-    kind: Literal["inline", "corpus"]
+class JobSource(WireModel):
+    kind: JobSourceKind
     path: str | None
-    sha256: str | None
+    sha256: Sha256Hex | None
 
 
-class JobResultInfo(BaseModel):
-    bytes: int
-    sha256: str
+class JobResultInfo(WireModel):
+    bytes: int = Field(ge=0)
+    sha256: Sha256Hex
 
 
-class JobPublic(BaseModel):
+class JobPublic(WireModel):
     id: str
     kind: Literal["teacher_scoring"]
     status: JobStatus
     teacher: str
-    identity_revision: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    top_k: int
+    identity_revision: Sha256Ref
+    top_k: int = Field(ge=1, le=65_536)
     source: JobSource
     device: str | None
-    attempts: int
+    attempts: int = Field(ge=0)
     cancel_requested: bool
     progress: JobProgress
     timestamps: JobTimestamps
@@ -113,7 +134,7 @@ class JobPublic(BaseModel):
     result: JobResultInfo | None
 
 
-class JobsListResponse(BaseModel):
+class JobsListResponse(WireModel):
     jobs: list[JobPublic]
 
 
@@ -127,11 +148,13 @@ def job_public(row: JobRow) -> JobPublic:
     return JobPublic(
         id=row.id,
         kind="teacher_scoring",
-        status=row.status,  # type: ignore[arg-type]
+        status=JobStatus(row.status),
         teacher=row.teacher_alias,
         identity_revision="sha256:" + row.identity_digest,
         top_k=row.top_k,
-        source=JobSource(kind=row.source, path=row.corpus_path, sha256=row.corpus_sha256),  # type: ignore[arg-type]
+        source=JobSource(
+            kind=JobSourceKind(row.source), path=row.corpus_path, sha256=row.corpus_sha256
+        ),
         device=row.device,
         attempts=row.attempts,
         cancel_requested=bool(row.cancel_requested),

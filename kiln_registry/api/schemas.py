@@ -3,19 +3,40 @@
 Input and output models are separate classes so a private field can never
 leak into a response.  Inputs forbid unknown fields; the fields that a
 registration may never carry (identity, bounds, secret names) get their own
-refusal message.  This module imports pydantic and the identity constants
-only.
+refusal message.
+
+One rule for every response model (``WireModel``): a field declared with a
+default (``x: T | None = None``) is *optional*: it is omitted from the body
+when it has no value, never sent as ``null``, and the OpenAPI document lists
+it as optional and not nullable.  A field without a default is always present
+(``null`` where its type allows it).  This matches Kiln's artifact schema
+(``scripts/generate_artifact_schema.py``: ``spec.identity``,
+``spec.credential_id``, ``identity_revision``, ``off_policy_manifest`` and
+``status_message`` optional; ``capabilities`` and the other spec fields
+nullable).  The identity document keeps ``"adapter": null`` (required,
+nullable: its bytes are fixed).
+
+Imports pydantic and ``kiln_registry.aliases`` only.
 """
 
 from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
-ALIAS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]{0,127}$")
+from kiln_registry.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
+
+# The alias rule as a regular expression (ECMA-262 and Python ``re`` agree on it).
+ALIAS_PATTERN = re.compile(ALIAS_JSON_PATTERN)
 MAX_NOTES_CHARS = 4096
 MAX_TEXT_CHARS = 2048
 
@@ -30,22 +51,73 @@ SERVER_CONTROLLED_FIELDS: tuple[str, ...] = (
     "capabilities",
     "status",
 )
-KNOWN_REMOTE_PROVIDERS: tuple[str, ...] = (
-    "vllm",
-    "sglang",
-    "llama_cpp",
-    "open_router",
-    "together",
-    "fireworks",
-    "deep_infra",
-    "tgi",
-)
+
+
+Sha256Hex = Annotated[
+    str, Field(pattern=r"^[0-9a-f]{64}$", description="Lowercase hex SHA-256 digest.")
+]
+Sha256Ref = Annotated[
+    str,
+    Field(pattern=r"^sha256:[0-9a-f]{64}$", description="`sha256:` + lowercase hex digest."),
+]
+Count = Annotated[int, Field(ge=0)]
+
+
+def _optional_not_nullable(schema: dict[str, Any], cls: type) -> None:
+    """OpenAPI: an optional (defaulted) property is omitted when absent, so never null."""
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required:
+            continue
+        prop.pop("default", None)
+        variants = prop.get("anyOf")
+        if variants and {"type": "null"} in variants:
+            rest = [v for v in variants if v != {"type": "null"}]
+            del prop["anyOf"]
+            if len(rest) == 1:
+                prop.update(rest[0])
+            else:
+                prop["anyOf"] = rest
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class WireModel(BaseModel):
+    """Base of every response model: optional fields without a value are omitted."""
+
+    model_config = ConfigDict(frozen=True, json_schema_extra=_optional_not_nullable)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        changed = False
+        for info in cls.model_fields.values():
+            if not info.is_required() and info.default is None and info.exclude_if is None:
+                info.exclude_if = _absent
+                changed = True
+        if changed:
+            cls.model_rebuild(force=True)
 
 
 class TeacherKind(StrEnum):
     fixture = "fixture"
     local = "local"
     remote = "remote"
+
+
+class RemoteProvider(StrEnum):
+    """Kiln's remote protocols (``kiln_train::RemoteProvider``); registration takes `vllm`."""
+
+    vllm = "vllm"
+    sglang = "sglang"
+    llama_cpp = "llama_cpp"
+    open_router = "open_router"
+    together = "together"
+    fireworks = "fireworks"
+    deep_infra = "deep_infra"
+    tgi = "tgi"
 
 
 class TeacherStatus(StrEnum):
@@ -70,19 +142,37 @@ class RegisterTeacherRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    alias: str = Field(description="Immutable registry alias, e.g. `teacher-large@vllm`.")
+    alias: str = Field(
+        min_length=1,
+        max_length=MAX_ALIAS_CHARS,
+        json_schema_extra={"pattern": ALIAS_JSON_PATTERN},
+        description="Immutable registry alias, e.g. `qwen/qwen3-8b@vllm`: not blank, at most"
+        f" {MAX_ALIAS_CHARS} characters, no control characters; an alias containing `/` may"
+        " not end in `/probe`, `/receipts` or `/launch`.",
+    )
     kind: TeacherKind
-    provider: str | None = Field(default=None, description="Remote protocol; only `vllm`.")
+    provider: RemoteProvider | None = Field(
+        default=None, description="Remote protocol; registration accepts only `vllm`."
+    )
     model_id: str | None = Field(
         default=None,
-        description="Served model id (remote), or the `[teachers.local.<profile>]` name (local).",
+        description="Served model id (remote, fixture); ignored for kind `local` (as in Kiln).",
     )
     url: str | None = Field(default=None, description="Teacher base URL (remote only).")
     credential_id: str | None = Field(
         default=None, description="A `[teachers.credentials.<id>]` entry bound to the URL's origin."
     )
     notes: str | None = None
-    adapter: str | None = Field(default=None, description="Static adapter name (local only).")
+    adapter: str | None = Field(
+        default=None,
+        description="Local only: a LoRA adapter directory name under the student's adapter"
+        " directory (Kiln's shape), or the profile's served model id (launch_profile form).",
+    )
+    launch_profile: str | None = Field(
+        default=None,
+        description="Local only (registry extension): a `[teachers.local.<profile>]` to launch"
+        " instead of the loaded student.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -97,17 +187,15 @@ class RegisterTeacherRequest(BaseModel):
                 )
         return data
 
-    @field_validator("alias")
+    @field_validator("alias", mode="before")
     @classmethod
-    def _alias(cls, value: str) -> str:
-        if not ALIAS_PATTERN.fullmatch(value):
-            raise ValueError(
-                "alias must be 1..128 characters of [A-Za-z0-9._@:+=-] starting with a letter"
-                " or digit"
-            )
+    def _alias(cls, value: Any) -> Any:
+        problem = alias_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
-    @field_validator("model_id", "url", "credential_id", "adapter", "provider")
+    @field_validator("model_id", "url", "credential_id", "adapter", "launch_profile")
     @classmethod
     def _short_text(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
@@ -124,26 +212,28 @@ class RegisterTeacherRequest(BaseModel):
         if self.kind is TeacherKind.remote:
             self._remote_rules()
         else:
-            for name in ("url", "credential_id"):
+            # Kiln (api/teachers.rs): provider, url and credential_id are remote-only; a
+            # local teacher's model_id is ignored (the loaded student is the model).
+            for name in ("provider", "url", "credential_id"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"{name} is only allowed for kind 'remote'")
-            if self.model_id is None:
-                raise ValueError(f"model_id is required for kind '{self.kind.value}'")
+                    raise ValueError(
+                        "`provider`, `url`, and `credential_id` are only valid on kind=remote"
+                        f" teachers ({name} was given for kind '{self.kind.value}')"
+                    )
+            if self.kind is TeacherKind.fixture and self.model_id is None:
+                raise ValueError("model_id is required for kind 'fixture'")
             if self.kind is TeacherKind.fixture and self.adapter is not None:
-                raise ValueError("adapter must be null for kind 'fixture'")
-            if self.kind is TeacherKind.fixture and self.provider is not None:
-                raise ValueError("provider must be null for kind 'fixture'")
-            if self.kind is TeacherKind.local and self.provider not in (None, "vllm"):
-                raise ValueError("provider must be 'vllm' (or omitted) for kind 'local'")
+                raise ValueError("`adapter` is only valid on kind=local teachers")
+        if self.kind is not TeacherKind.local and self.launch_profile is not None:
+            raise ValueError("launch_profile is only valid on kind=local teachers")
         return self
 
     def _remote_rules(self) -> None:
         if self.provider is None:
             raise ValueError("provider is required for kind 'remote' (use 'vllm')")
-        if self.provider != "vllm":
-            known = "a known provider" if self.provider in KNOWN_REMOTE_PROVIDERS else "unknown"
+        if self.provider is not RemoteProvider.vllm:
             raise ValueError(
-                f"provider {self.provider[:64]!r} ({known}) is not supported for registration:"
+                f"provider {self.provider.value!r} is not supported for registration:"
                 " only 'vllm' teachers can prove a Kiln identity"
             )
         for name in ("model_id", "url"):
@@ -153,156 +243,172 @@ class RegisterTeacherRequest(BaseModel):
             raise ValueError("adapter must be null for kind 'remote' (the identity binds it)")
 
 
-class AdapterIdentityPublic(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    weights_sha256: str
-    config_sha256: str
+class AdapterIdentityPublic(WireModel):
+    name: str = Field(min_length=1)
+    weights_sha256: Sha256Hex
+    config_sha256: Sha256Hex
 
 
-class TeacherIdentityV1(BaseModel):
-    """The canonical teacher identity, keys in normative order."""
-
-    model_config = ConfigDict(frozen=True)
+class TeacherIdentityV1(WireModel):
+    """The canonical teacher identity, keys in normative order (bounds as Kiln's schema)."""
 
     schema_: Literal["kiln.teacher-identity.v1"] = Field(alias="schema")
     protocol: Literal["vllm.prompt-logprobs.numeric-token-ids.causal.v1"]
-    served_model_id: str
-    base_model_sha256: str
-    tokenizer_vocab_sha256: str
-    tokenizer_config_sha256: str
+    served_model_id: str = Field(min_length=1)
+    base_model_sha256: Sha256Hex
+    tokenizer_vocab_sha256: Sha256Hex
+    tokenizer_config_sha256: Sha256Hex
     adapter: AdapterIdentityPublic | None
-    vocab_size: int
-    max_top_k: int
-    max_model_len: int
-    max_prompt_logprob_candidates: int
+    vocab_size: int = Field(ge=1, le=16_777_216)
+    max_top_k: int = Field(ge=1, le=65_536)
+    max_model_len: int = Field(ge=1, le=16_777_216)
+    max_prompt_logprob_candidates: int = Field(ge=1, le=1_000_000)
     logprobs_mode: Literal["raw_logprobs"]
-    implementation: str
-    inference_config_sha256: str
+    implementation: str = Field(min_length=1)
+    inference_config_sha256: Sha256Hex
 
 
-class TeacherSpec(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    alias: str
+class TeacherSpec(WireModel):
+    alias: str = Field(min_length=1)
     kind: TeacherKind
-    provider: str | None
+    provider: RemoteProvider | None
     model_id: str
-    max_top_k: int | None
-    vocab_size: int | None
+    max_top_k: int | None = Field(ge=0)
+    vocab_size: int | None = Field(ge=1)
     supports_full_vocab: bool | None
-    tokenizer_hash: str | None
+    tokenizer_hash: str | None = Field(min_length=1)
     identity: TeacherIdentityV1 | None = None
-    url: str | None
-    credential_id: str | None = None
+    url: str | None = Field(min_length=1)
+    credential_id: str | None = Field(default=None, min_length=1)
     notes: str | None
     adapter: str | None
 
 
-class LogitSourceCaps(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    teacher_id: str
-    vocab_size: int
-    max_top_k: int
+class LogitSourceCaps(WireModel):
+    teacher_id: str = Field(min_length=1)
+    vocab_size: int = Field(ge=1)
+    max_top_k: int = Field(ge=1)
     supports_full_vocab: bool
     supports_batched: bool
-    tokenizer_hash: str | None
+    tokenizer_hash: str | None = Field(min_length=1)
 
 
-class TeacherEntry(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class TeacherEntry(WireModel):
     spec: TeacherSpec
     capabilities: LogitSourceCaps | None
     status: TeacherStatus
     usable: bool
-    identity_revision: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
-    off_policy_manifest: str | None = None
-    status_message: str | None = None
+    identity_revision: Sha256Ref | None = None
+    off_policy_manifest: str | None = Field(default=None, min_length=1)
+    status_message: str | None = Field(default=None, min_length=1)
 
 
-class TeachersListResponse(BaseModel):
+class TeachersListResponse(WireModel):
     teachers: list[TeacherEntry]
 
 
-class DeleteTeacherResponse(BaseModel):
+class DeleteTeacherResponse(WireModel):
     status: Literal["deleted"] = "deleted"
-    alias: str
+    alias: str = Field(min_length=1)
 
 
-class RowWidths(BaseModel):
-    min: int
-    max: int
+class RowWidths(WireModel):
+    min: Count
+    max: Count
 
 
-class ProbeAttemptPublic(BaseModel):
+class ProbePurpose(StrEnum):
+    """`discover` (K=1), `max_top_k`, `cap` (K=max_top_k+1)."""
+
+    discover = "discover"
+    max_top_k = "max_top_k"
+    cap = "cap"
+
+
+class ProbeOutcome(StrEnum):
+    passed = "passed"
+    failed = "failed"
+
+
+class ProbeAttemptPublic(WireModel):
     """One probe request: K, what came back and how long it took (no body, no header)."""
 
-    purpose: str = Field(description="`discover` (K=1), `max_top_k`, `cap` (K=max_top_k+1).")
-    k: int
-    prompt_len: int
-    status_code: int | None
-    elapsed_ms: float
-    bytes_read: int
+    purpose: ProbePurpose
+    k: int = Field(ge=1)
+    prompt_len: int = Field(ge=1)
+    status_code: int | None = Field(ge=100, le=599)
+    elapsed_ms: float = Field(ge=0)
+    bytes_read: Count
     fingerprint: str | None
-    identity_digest: str | None
+    identity_digest: Sha256Hex | None
     row_widths: RowWidths | None
-    candidate_count: int | None
+    candidate_count: Count | None
 
 
-class ProbeFailurePublic(BaseModel):
+class ProbeFailurePublic(WireModel):
     code: str | None
     rule: str | None
     message: str | None
 
 
-class ProbeReportPublic(BaseModel):
+class ProbeReportPublic(WireModel):
     """The outcome of the dual identity probe and the cap probe."""
 
     url: str
     model_id: str
     authenticated: bool
-    k_values: list[int]
+    k_values: list[Annotated[int, Field(ge=1)]]
     attempts: list[ProbeAttemptPublic]
-    outcome: Literal["passed", "failed"]
+    outcome: ProbeOutcome
     fingerprint: str | None
-    identity_digest: str | None
+    identity_digest: Sha256Hex | None
     failure: ProbeFailurePublic | None
-    elapsed_ms: float
+    elapsed_ms: float = Field(ge=0)
 
 
-class ProbeReceipt(BaseModel):
+class ProbeReceipt(WireModel):
     """A stored probe report; never holds a secret."""
 
-    id: int
-    alias: str
+    id: int = Field(ge=1)
+    alias: str = Field(min_length=1)
     created_at: str
-    outcome: Literal["passed", "failed"]
-    identity_revision: str | None
+    outcome: ProbeOutcome
+    identity_revision: Sha256Ref | None
     report: ProbeReportPublic
 
 
-class ReceiptsResponse(BaseModel):
+class ReceiptsResponse(WireModel):
     receipts: list[ProbeReceipt]
 
 
-class ErrorDetail(BaseModel):
-    code: str
+class ErrorDetail(WireModel):
+    code: str = Field(min_length=1, description="Stable snake_case error code.")
     message: str
-    hint: str | None = None
+    hint: str = Field(description="What to do next (always a string, possibly empty).")
+    rule: str | None = Field(
+        default=None, min_length=1, description="The dotted rule that failed, where one did."
+    )
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(WireModel):
     error: ErrorDetail
 
 
-class HealthResponse(BaseModel):
+class HealthResponse(WireModel):
     status: Literal["ok"] = "ok"
 
 
-class ReadyResponse(BaseModel):
+class LegacyRegistryReport(WireModel):
+    """The last start-up import of ``[server] legacy_registry``; a refusal keeps the server up."""
+
+    status: Literal["imported", "refused"]
+    path: str
+    rule: str | None = None
+    message: str
+
+
+class ReadyResponse(WireModel):
     status: Literal["ready", "starting"]
     database_revision: str | None
-    teachers: int
+    teachers: Count
+    legacy_registry: LegacyRegistryReport | None = None

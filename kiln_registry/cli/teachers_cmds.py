@@ -1,7 +1,7 @@
 """``kiln teachers ...``: the registry client commands and ``kiln teachers parity``.
 
 Owns the ``teachers`` command group (``list``, ``show``, ``register``,
-``delete``, ``probe``, ``receipts``, ``parity``), their flags, and the human
+``delete``, ``probe``, ``launch``, ``receipts``, ``parity``), their flags, and the human
 rendering of registry answers (tables and key/value blocks; every
 server-supplied string is made printable before it reaches the terminal).
 ``--json`` prints the registry's answer as one JSON document instead.
@@ -122,6 +122,16 @@ def render_entry(entry: TeacherEntry) -> str:
 def _show(args: argparse.Namespace) -> int:
     with _client(args) as client:
         entry = client.get_teacher(args.alias)
+    return _print_entry(args, entry)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        entry = client.launch_teacher(args.alias)
+    return _print_entry(args, entry)
+
+
+def _print_entry(args: argparse.Namespace, entry: TeacherEntry) -> int:
     if args.json:
         _emit_json(entry.model_dump(mode="json", by_alias=True))
     else:
@@ -312,6 +322,7 @@ def register(sub: SubParsers) -> None:
     _add_register(group)
     _add(group, "delete", "delete an alias", _delete).add_argument("alias")
     _add(group, "probe", "re-run the identity probes of an alias", _probe).add_argument("alias")
+    _add(group, "launch", "relaunch an unavailable local alias", _launch).add_argument("alias")
     receipts = _add(group, "receipts", "list stored probe receipts", _receipts)
     receipts.add_argument("alias")
     receipts.add_argument("--limit", type=_positive, default=100, help="at most 1000")

@@ -192,5 +192,8 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     body = response.json()
     assert set(body) == {"error"}, body
     error: dict[str, Any] = body["error"]
-    assert set(error) == {"code", "message", "hint"}, error
+    # Kiln's envelope (crates/kiln-server/src/error.rs): hint is always a string;
+    # `rule` is this registry's extra member, present only when a named rule failed.
+    assert {"code", "message", "hint"} <= set(error) <= {"code", "message", "hint", "rule"}, error
+    assert all(isinstance(error[key], str) for key in error), error
     return error

@@ -124,8 +124,8 @@ def test_credential_is_bound_to_its_exact_origin(
         assert http.get("/v1/teachers/bound").status_code == 404
     assert response.status_code == 400
     error = error_of(response)
-    assert error["code"] == "teacher_credential_invalid"
-    assert rule in error["message"]
+    assert error["code"] == "teacher_registration_invalid"
+    assert rule in error["message"] and error["rule"] == rule
 
 
 @pytest.mark.parametrize(("value", "rule"), [(None, "secret.missing"), ("   ", "secret.blank")])
@@ -148,7 +148,7 @@ def test_secret_variable_that_changes_after_startup_is_refused_at_request_time(
     for response in (again, probe):
         assert response.status_code == 400, response.text
         error = error_of(response)
-        assert error["code"] == "teacher_credential_invalid"
+        assert error["code"] == "teacher_registration_invalid"
         assert rule in error["message"] and KEY_ENV in error["message"]
         assert SECRET not in response.text
 

@@ -35,12 +35,12 @@ def _check_verified_entry(
     assert entry["identity_revision"] == ident.revision()
     assert str(entry["identity_revision"]).startswith("sha256:")
     assert entry["off_policy_manifest"] == off_policy_manifest(ident)
-    assert entry["status_message"] is None
+    assert "status_message" not in entry  # optional: omitted, never null (Kiln's schema)
     assert entry["spec"] == {
         "alias": alias, "kind": "remote", "provider": "vllm", "model_id": SERVED,
         "max_top_k": 8, "vocab_size": 512, "supports_full_vocab": False,
         "tokenizer_hash": ident.tokenizer_vocab_sha256, "identity": ident.to_dict(),
-        "url": url, "credential_id": None, "notes": "tiny", "adapter": None,
+        "url": url, "notes": "tiny", "adapter": None,
     }  # fmt: skip
     assert entry["capabilities"] == {
         "teacher_id": alias, "vocab_size": 512, "max_top_k": 8, "supports_full_vocab": False,

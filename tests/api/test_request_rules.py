@@ -29,8 +29,9 @@ def shared_registry(
 
 CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown field", {**remote("a1", LOOP), "colour": "red"}, "colour: unknown field"),
-    ("provider openai", remote("a1", LOOP) | {"provider": "openai"}, "only 'vllm'"),
-    ("provider sglang", remote("a1", LOOP) | {"provider": "sglang"}, "a known provider"),
+    ("provider openai", remote("a1", LOOP) | {"provider": "openai"},
+     "provider: Input should be 'vllm'"),
+    ("provider sglang", remote("a1", LOOP) | {"provider": "sglang"}, "only 'vllm'"),
     ("provider missing", {k: v for k, v in remote("a1", LOOP).items() if k != "provider"},
      "provider is required"),
     ("model_id missing", {k: v for k, v in remote("a1", LOOP).items() if k != "model_id"},
@@ -42,9 +43,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("kind missing", {"alias": "a1", "model_id": "m"}, "kind: Field required"),
     ("kind unknown", {"alias": "a1", "kind": "cloud", "model_id": "m"}, "kind: Input should be"),
     ("fixture with url", {"alias": "a1", "kind": "fixture", "model_id": "m", "url": LOOP},
-     "url is only allowed for kind 'remote'"),
+     "url was given for kind 'fixture'"),
     ("fixture with provider", {"alias": "a1", "kind": "fixture", "model_id": "m",
-                               "provider": "vllm"}, "provider must be null"),
+                               "provider": "vllm"}, "provider was given for kind 'fixture'"),
     ("notes too long", remote("a1", LOOP, notes="n" * 5000), "longer than 4096"),
     ("control character", remote("a1", LOOP, notes="a\x00b"), "control character"),
     ("alias not a string", remote("a1", LOOP) | {"alias": 7}, "alias: Input should be"),
@@ -79,23 +80,28 @@ def test_server_controlled_fields_are_refused(shared_registry: RegistryServer, f
     assert PASTED_SECRET not in response.text
 
 
-@pytest.mark.parametrize(
-    "alias", ["", "-lead", ".dot", "has space", "x" * 129, "ünï", "a/b", "a\nb"]
-)
+# Kiln accepts any alias that is not blank (teachers.rs, validate_teacher_spec_static); this
+# registry adds a length bound, no control characters and no reserved last segment.
+BAD_ALIASES = ["", "   ", "x" * 257, "a\nb", "a\x00b", "a\x7fb", "a\x85b", "x/probe",
+               "q/r/receipts", "q/launch"]  # fmt: skip
+
+
+@pytest.mark.parametrize("alias", BAD_ALIASES)
 def test_bad_aliases_are_refused(shared_registry: RegistryServer, alias: str) -> None:
     with shared_registry.client() as http:
         response = http.post("/v1/teachers", json=remote(alias, LOOP))
-    assert response.status_code == 400
-    error = error_of(response)
-    assert error["code"] == "teacher_registration_invalid"
-    assert "alias must be" in error["message"]
+        assert response.status_code == 400
+        error = error_of(response)
+        assert error["code"] == "teacher_registration_invalid"
+        assert error["message"].startswith("alias: ")
+        assert http.get("/v1/teachers").json() == {"teachers": []}
 
 
-def test_bad_alias_in_a_path_is_refused(shared_registry: RegistryServer) -> None:
+def test_unknown_alias_in_a_path_is_not_found(shared_registry: RegistryServer) -> None:
     with shared_registry.client() as http:
-        response = http.get("/v1/teachers/" + "x" * 129)
-    assert response.status_code == 400
-    assert error_of(response)["code"] == "teacher_registration_invalid"
+        response = http.get("/v1/teachers/" + "x" * 300)
+    assert response.status_code == 404
+    assert error_of(response)["code"] == "teacher_not_found"
 
 
 def test_submitted_values_are_never_echoed(shared_registry: RegistryServer) -> None:

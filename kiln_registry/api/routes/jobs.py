@@ -28,12 +28,13 @@ from kiln_registry.api.jobs_schemas import (
     JobStatus,
     job_public,
 )
-from kiln_registry.api.routes import ERROR_RESPONSES, get_ctx
+from kiln_registry.api.routes import get_ctx
+from kiln_registry.api.routes import responses as errors
 from kiln_registry.jobs import service
 from kiln_registry.jobs.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job id.")]
 RESULT_CHUNK = 1 << 20
@@ -44,7 +45,13 @@ def _workers(request: Request) -> Any:
     return getattr(request.app.state, "job_workers", None)
 
 
-@router.post("", operation_id="submitJob", response_model=JobPublic, status_code=201)
+@router.post(
+    "",
+    operation_id="submitJob",
+    response_model=JobPublic,
+    status_code=201,
+    responses=errors.SUBMIT_JOB,
+)
 async def submit_job(body: JobCreate, ctx: Ctx, request: Request) -> JobPublic:
     """Pin the teacher's complete spec, validate every sequence, and queue the job."""
     submission = service.JobSubmission(
@@ -60,7 +67,9 @@ async def submit_job(body: JobCreate, ctx: Ctx, request: Request) -> JobPublic:
     return job_public(row)
 
 
-@router.get("", operation_id="listJobs", response_model=JobsListResponse)
+@router.get(
+    "", operation_id="listJobs", response_model=JobsListResponse, responses=errors.LIST_JOBS
+)
 async def list_jobs(
     ctx: Ctx,
     status: JobStatus | None = None,
@@ -70,12 +79,19 @@ async def list_jobs(
     return JobsListResponse(jobs=[job_public(r) for r in rows])
 
 
-@router.get("/{job_id}", operation_id="getJob", response_model=JobPublic)
+@router.get(
+    "/{job_id}", operation_id="getJob", response_model=JobPublic, responses=errors.JOB_BY_ID
+)
 async def get_job(job_id: JobId, ctx: Ctx) -> JobPublic:
     return job_public(await run_in_threadpool(service.get_job, ctx.sessions, job_id))
 
 
-@router.post("/{job_id}/cancel", operation_id="cancelJob", response_model=JobPublic)
+@router.post(
+    "/{job_id}/cancel",
+    operation_id="cancelJob",
+    response_model=JobPublic,
+    responses=errors.CANCEL_JOB,
+)
 async def cancel_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
     """Cancel a queued job now, or a running one between two requests."""
     row = await run_in_threadpool(service.cancel_job, ctx.sessions, job_id)
@@ -103,7 +119,10 @@ async def _chunks(path: FilePath, size: int) -> AsyncIterator[bytes]:
     "/{job_id}/result",
     operation_id="getJobResult",
     response_class=StreamingResponse,
-    responses={200: {"content": {NDJSON: {}}, "description": "The identity-bound corpus."}},
+    responses={
+        200: {"content": {NDJSON: {}}, "description": "The identity-bound corpus."},
+        **errors.JOB_RESULT,
+    },
 )
 async def get_job_result(job_id: JobId, ctx: Ctx) -> StreamingResponse:
     """Stream the corpus: the exact off_policy_manifest line, then one line per sequence."""

@@ -11,10 +11,11 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.routes import get_ctx
-from kiln_registry.api.schemas import HealthResponse, ReadyResponse
-from kiln_registry.db.repository import TeacherRepository
+from kiln_registry.api.routes.responses import SYSTEM
+from kiln_registry.api.schemas import HealthResponse, LegacyRegistryReport, ReadyResponse
+from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
 
-router = APIRouter(tags=["system"])
+router = APIRouter(tags=["system"], responses=SYSTEM)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
 
 
@@ -38,7 +39,19 @@ async def ready(ctx: Ctx) -> ReadyResponse:
         status="ready" if ctx.http is not None else "starting",
         database_revision=ctx.database_revision,
         teachers=sum(counts.values()),
+        legacy_registry=await run_in_threadpool(_legacy_report, ctx),
     )
+
+
+def _legacy_report(ctx: RegistryContext) -> LegacyRegistryReport | None:
+    """The recorded outcome of the start-up ``teachers.json`` import, if one ran."""
+    with ctx.reading() as session:
+        row = LegacyImportRepository(session).status()
+        if row is None:
+            return None
+        return LegacyRegistryReport.model_validate(
+            {"status": row.outcome, "path": row.source, "rule": row.rule, "message": row.message}
+        )
 
 
 def _metric_lines(name: str, kind: str, help_text: str, samples: dict[str, int], label: str) -> str:

@@ -1,4 +1,13 @@
-"""``/v1/teachers``: register, list, show, delete, re-probe, relaunch (local), receipts."""
+"""``/v1/teachers``: register, list, show, delete, re-probe, relaunch (local), receipts.
+
+Aliases may contain ``/`` (``qwen/qwen3-8b@vllm``), sent percent-encoded
+(``%2F``) or not: uvicorn decodes the path before routing, so both forms
+reach the same route.  The alias parameter takes the rest of the path; the
+suffix routes (``/probe``, ``/receipts``, ``/launch``) are declared first
+and match only the LAST segment, and registration refuses an alias with a
+``/`` whose last segment is one of those words (``kiln_registry.aliases``),
+so no path has two readings.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +16,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Response
 from starlette.concurrency import run_in_threadpool
 
+from kiln_registry.aliases import ALIAS_RULE_TEXT
 from kiln_registry.api import teachers_service as service
 from kiln_registry.api.context import RegistryContext
-from kiln_registry.api.routes import ERROR_RESPONSES, get_ctx
+from kiln_registry.api.routes import get_ctx
+from kiln_registry.api.routes import responses as errors
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
     ProbeReportPublic,
@@ -19,18 +30,32 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 
-router = APIRouter(prefix="/v1/teachers", tags=["teachers"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1/teachers", tags=["teachers"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
-Alias = Annotated[str, Path(min_length=1, max_length=128, description="The teacher alias.")]
+Alias = Annotated[
+    str,
+    Path(
+        description="The teacher alias, percent-encoded as one segment (`/` as `%2F`) or with"
+        f" its `/` written as is. An alias is {ALIAS_RULE_TEXT}; an unknown one is"
+        " `404 teacher_not_found`."
+    ),
+]
 
 
-@router.get("", operation_id="listTeachers", response_model=TeachersListResponse)
+@router.get(
+    "",
+    operation_id="listTeachers",
+    response_model=TeachersListResponse,
+    responses=errors.LIST_TEACHERS,
+)
 async def list_teachers(ctx: Ctx) -> TeachersListResponse:
     """Every registered alias, ordered by alias."""
     return await run_in_threadpool(service.list_teachers, ctx)
 
 
-@router.post("", operation_id="registerTeacher", response_model=TeacherEntry)
+@router.post(
+    "", operation_id="registerTeacher", response_model=TeacherEntry, responses=errors.REGISTER
+)
 async def register_teacher(body: RegisterTeacherRequest, ctx: Ctx) -> TeacherEntry:
     """Probe the teacher (K=1, K=max_top_k, then the refused cap), then persist the alias.
 
@@ -43,26 +68,26 @@ async def register_teacher(body: RegisterTeacherRequest, ctx: Ctx) -> TeacherEnt
     return await service.register_teacher(ctx, body)
 
 
-@router.get("/{alias}", operation_id="getTeacher", response_model=TeacherEntry)
-async def get_teacher(alias: Alias, ctx: Ctx) -> Response:
-    """One alias: its spec, capabilities, status and identity revision."""
-    # Pre-rendered TeacherEntry JSON (the hot path; see api.entry_cache).
-    return Response(await service.teacher_json(ctx, alias), media_type="application/json")
+# The suffix routes come before the bare {alias} routes: Starlette takes the first match.
 
 
-@router.delete("/{alias}", operation_id="deleteTeacher", response_model=DeleteTeacherResponse)
-async def delete_teacher(alias: Alias, ctx: Ctx) -> DeleteTeacherResponse:
-    """Remove the alias (its receipts stay); register it again to change the deployment."""
-    return await run_in_threadpool(service.delete_teacher, ctx, alias)
-
-
-@router.post("/{alias}/probe", operation_id="probeTeacher", response_model=ProbeReportPublic)
+@router.post(
+    "/{alias:path}/probe",
+    operation_id="probeTeacher",
+    response_model=ProbeReportPublic,
+    responses=errors.PROBE_TEACHER,
+)
 async def probe_teacher(alias: Alias, ctx: Ctx) -> ProbeReportPublic:
     """Re-run both probes against the stored identity; the alias is not changed."""
     return await service.reprobe_teacher(ctx, alias)
 
 
-@router.post("/{alias}/launch", operation_id="launchTeacher", response_model=TeacherEntry)
+@router.post(
+    "/{alias:path}/launch",
+    operation_id="launchTeacher",
+    response_model=TeacherEntry,
+    responses=errors.LAUNCH_TEACHER,
+)
 async def launch_teacher(alias: Alias, ctx: Ctx) -> TeacherEntry:
     """Relaunch an `unavailable` kind-`local` alias from its `[teachers.local.<profile>]`.
 
@@ -77,10 +102,36 @@ async def launch_teacher(alias: Alias, ctx: Ctx) -> TeacherEntry:
 
 
 @router.get(
-    "/{alias}/receipts", operation_id="listTeacherReceipts", response_model=ReceiptsResponse
+    "/{alias:path}/receipts",
+    operation_id="listTeacherReceipts",
+    response_model=ReceiptsResponse,
+    responses=errors.RECEIPTS,
 )
 async def list_receipts(
     alias: Alias, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> ReceiptsResponse:
     """Stored probe reports of the alias, newest first (kept after a delete)."""
     return await run_in_threadpool(service.list_receipts, ctx, alias, limit)
+
+
+@router.get(
+    "/{alias:path}",
+    operation_id="getTeacher",
+    response_model=TeacherEntry,
+    responses=errors.GET_TEACHER,
+)
+async def get_teacher(alias: Alias, ctx: Ctx) -> Response:
+    """One alias: its spec, capabilities, status and identity revision."""
+    # Pre-rendered TeacherEntry JSON (the hot path; see api.entry_cache).
+    return Response(await service.teacher_json(ctx, alias), media_type="application/json")
+
+
+@router.delete(
+    "/{alias:path}",
+    operation_id="deleteTeacher",
+    response_model=DeleteTeacherResponse,
+    responses=errors.DELETE_TEACHER,
+)
+async def delete_teacher(alias: Alias, ctx: Ctx) -> DeleteTeacherResponse:
+    """Remove the alias (its receipts stay); register it again to change the deployment."""
+    return await run_in_threadpool(service.delete_teacher, ctx, alias)

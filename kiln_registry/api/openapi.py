@@ -1,0 +1,47 @@
+"""The OpenAPI document: FastAPI's, corrected to say exactly what the server does.
+
+FastAPI adds a ``422`` response (and its ``HTTPValidationError`` schema) to
+every operation with parameters or a body; this server answers a request that
+fails validation with ``400`` and the error envelope instead (``api.errors``),
+which each operation's own error list already names.  ``install_openapi``
+replaces ``app.openapi`` with a generator that drops those entries and caches
+the result as FastAPI does.  Imports FastAPI only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+UNUSED_SCHEMAS = ("HTTPValidationError", "ValidationError")
+
+
+def corrected(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without FastAPI's 422 responses and their component schemas."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation.get("responses", {}).pop("422", None)
+    components = schema.get("components", {}).get("schemas", {})
+    for name in UNUSED_SCHEMAS:
+        components.pop(name, None)
+    return schema
+
+
+def install_openapi(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = corrected(
+                get_openapi(
+                    title=app.title,
+                    version=app.version,
+                    openapi_version=app.openapi_version,
+                    description=app.description,
+                    routes=app.routes,
+                )
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

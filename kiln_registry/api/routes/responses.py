@@ -1,0 +1,93 @@
+"""Per-operation error responses for the OpenAPI document.
+
+Each operation lists the statuses it can answer with the error envelope and,
+for each status, the codes it can carry (``x-kiln-error-codes``, also named
+in the description).  Codes and statuses follow Kiln's
+``crates/kiln-server/src/error.rs`` where Kiln has the same failure.  Every
+operation can also answer ``500 internal_error``; a body over the size bound
+is ``413 request_too_large`` (``api.limits``).  Imports the schemas only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kiln_registry.api.schemas import ErrorResponse
+
+DESCRIPTIONS: dict[int, str] = {
+    400: "Invalid request",
+    404: "Not found",
+    409: "Conflict",
+    413: "Request body too large",
+    500: "Internal error",
+    502: "Teacher probe failed",
+    503: "Busy; retry after the Retry-After seconds",
+}
+
+# Launching a local teacher can refuse the profile's options or files.
+LAUNCH_400 = ("launcher_policy_refused", "config_invalid", "teacher_identity_invalid")
+PROBE = {502: ("teacher_identity_probe_failed",), 503: ("teacher_identity_probe_busy",)}
+
+
+def error_responses(table: Mapping[int, Sequence[str]]) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` for the statuses and codes in ``table`` (plus 500)."""
+    full: dict[int, Sequence[str]] = {**table, 500: ("internal_error", *table.get(500, ()))}
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in sorted(full):
+        codes = list(dict.fromkeys(full[status]))
+        listed = ", ".join(f"`{code}`" for code in codes)
+        out[status] = {
+            "model": ErrorResponse,
+            "description": f"{DESCRIPTIONS[status]}: {listed}.",
+            "x-kiln-error-codes": codes,
+        }
+    return out
+
+
+REGISTER = error_responses(
+    {
+        400: ("teacher_registration_invalid", *LAUNCH_400),
+        409: ("teacher_alias_exists", "teacher_identity_mismatch", "teacher_launch_conflict"),
+        413: ("request_too_large",),
+        500: ("launcher_failed",),
+        **PROBE,
+    }
+)
+LIST_TEACHERS = error_responses({})
+GET_TEACHER = error_responses({404: ("teacher_not_found",)})
+DELETE_TEACHER = error_responses({404: ("teacher_not_found",), 409: ("teacher_launch_conflict",)})
+PROBE_TEACHER = error_responses(
+    {
+        400: ("teacher_registration_invalid",),
+        404: ("teacher_not_found",),
+        409: ("teacher_identity_required", "teacher_identity_mismatch"),
+        **PROBE,
+    }
+)
+LAUNCH_TEACHER = error_responses(
+    {
+        400: ("teacher_registration_invalid", *LAUNCH_400),
+        404: ("teacher_not_found",),
+        409: ("teacher_identity_mismatch", "teacher_launch_conflict", "teacher_identity_required"),
+        500: ("launcher_failed",),
+        **PROBE,
+    }
+)
+RECEIPTS = error_responses({400: ("invalid_request",)})
+SUBMIT_JOB = error_responses(
+    {
+        400: ("job_invalid", "teacher_not_registered"),
+        409: ("teacher_identity_required",),
+        413: ("request_too_large",),
+    }
+)
+LIST_JOBS = error_responses({400: ("job_invalid",)})
+JOB_BY_ID = error_responses({400: ("job_invalid",), 404: ("job_not_found",)})
+CANCEL_JOB = error_responses(
+    {400: ("job_invalid",), 404: ("job_not_found",), 409: ("job_conflict",)}
+)
+JOB_RESULT = error_responses(
+    {400: ("job_invalid",), 404: ("job_not_found",), 409: ("job_conflict",)}
+)
+SYSTEM = error_responses({})
