@@ -1,30 +1,38 @@
-"""Import of Kiln's legacy ``teachers.json`` registry, removing ``api_key_env`` unread.
+"""Import of Kiln's ``teachers.json`` registry as Kiln migrates it, ``api_key_env`` unread.
 
 This module owns the file side of the import: the bounded read (a regular
 file, no symlink, at most ``MAX_REGISTRY_BYTES`` checked before reading),
 the strict parse (UTF-8 JSON, no duplicate keys at any level, no NaN), the
-entry rules (an object of objects keyed by alias, known fields only, typed
-and bounded values), and the atomic rewrite without ``api_key_env``.
+shape (an object of objects keyed by alias, each alias one the API can
+address), the atomic rewrite without ``api_key_env``, and the start-up run,
+which never stops the server.  Each entry's rules and status are Kiln's
+(``kiln_registry.legacy_entries``): only entries that carried
+``api_key_env`` become ``legacy_unverified``; current-format entries keep
+their identity and status.
 
-The one tolerated deviation from the strict format is ``api_key_env``: when
-it is the only thing wrong, the field is removed from every entry without
-its value being looked at, every entry is imported as ``legacy_unverified``
-in one database transaction, and then the file is atomically replaced by a
-copy without the field (temporary file in the same directory, fsync,
-rename, fsync of the directory, same mode and owner).  The temporary file is
+``api_key_env`` is the one field Kiln's current format lacks that is
+tolerated: it is removed from every entry without its value being looked
+at, the entries are imported in one database transaction, and then the file
+is atomically replaced by a copy without the field (temporary file in the
+same directory, fsync, rename, fsync of the directory, same mode and
+owner), as Kiln rewrites it.  The temporary file is
 written before the transaction commits and renamed after, so a crash leaves
 the old file or the new one, and the database with none or all entries;
 running again finishes the job.  A second run changes nothing: aliases
-already present are left alone and a file without the field is not
-rewritten.  Anything else is refused with an ``InputError`` and the file is
-left untouched.  A crash can leave a ``.<name>.*.kiln-import.tmp`` file
-beside the registry; it holds the stripped copy (no secret) and may be
-deleted.
+already present are left alone, an alias imported before and deleted since
+is not added again (``legacy_imports`` remembers it), and a file without
+the field is not rewritten.  Anything else is refused with an
+``InputError``, nothing is imported and the file is left untouched; at
+start-up (``import_configured_legacy_registry``) the refusal is logged and
+recorded for ``GET /ready`` instead of stopping the server.  A crash can
+leave a ``.<name>.*.kiln-import.tmp`` file beside the registry; it holds the
+stripped copy (no secret) and may be deleted.
 
 Imports: the standard library, SQLAlchemy's session types,
-``kiln_registry.config``, ``kiln_registry.db`` (legacy, models, repository),
-``kiln_registry.errors`` and ``kiln_registry.identity.hashing`` (the bounded
-read); never the API, probe or launcher layers.
+``kiln_registry.aliases``, ``kiln_registry.config``, ``kiln_registry.db``
+(legacy, repository), ``kiln_registry.errors``,
+``kiln_registry.identity.hashing`` (the bounded read) and
+``kiln_registry.legacy_entries``; never the API, probe or launcher layers.
 """
 
 from __future__ import annotations
@@ -41,45 +49,32 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from kiln_registry.aliases import alias_problem
 from kiln_registry.config import KilnConfig
-from kiln_registry.db.legacy import (
-    ALIAS_PATTERN,
-    MAX_LEGACY_ROWS,
-    LegacyEntry,
-    insert_legacy_entries,
-)
-from kiln_registry.db.models import TEACHER_KINDS
-from kiln_registry.db.repository import unit_of_work
-from kiln_registry.errors import InputError
+from kiln_registry.db.legacy import MAX_LEGACY_ROWS, LegacyEntry, insert_legacy_entries
+from kiln_registry.db.repository import LegacyImportRepository, unit_of_work
+from kiln_registry.errors import InputError, KilnError
 from kiln_registry.identity.hashing import read_at_most
+from kiln_registry.legacy_entries import LEGACY_FIELD, legacy_entry
 
 log = logging.getLogger("kiln_registry.legacy_registry")
 
 MAX_REGISTRY_BYTES: Final = 64 * 1024 * 1024
 MAX_ENTRIES: Final = MAX_LEGACY_ROWS
-MAX_TEXT_CHARS: Final = 2048
-MAX_NOTES_CHARS: Final = 4096
-MAX_BOUND: Final = 1 << 31
-LEGACY_FIELD: Final = "api_key_env"
-_TEXT_FIELDS: Final = ("provider", "model_id", "url", "credential_id", "adapter", "tokenizer_hash")
-_INT_FIELDS: Final = ("max_top_k", "vocab_size")
-KNOWN_FIELDS: Final = frozenset(
-    {"alias", "kind", "notes", "supports_full_vocab", "identity", *_TEXT_FIELDS, *_INT_FIELDS}
-)
 _TMP_SUFFIX: Final = ".kiln-import.tmp"
 _SHOWN_CHARS: Final = 64
-_MAX_SHOWN_FIELDS: Final = 5
 
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    """What one import did: aliases added, aliases left alone, whether the file was rewritten."""
+    """What one import did: aliases added, left alone or deleted since; whether it rewrote."""
 
     path: Path
     imported: tuple[str, ...]
     already_present: tuple[str, ...]
     stripped_entries: int
     rewritten: bool
+    deleted_since_import: tuple[str, ...] = ()
 
 
 class _DuplicateKey(ValueError):
@@ -179,56 +174,6 @@ def _all_text_encodable(doc: object) -> bool:
     return True
 
 
-def _text(entry: Mapping[str, Any], field: str, limit: int) -> str | None:
-    value = entry.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip() or len(value) > limit:
-        raise ValueError(f"field {field!r} must be null or a non-blank string of <= {limit} chars")
-    allowed = "\t\n" if field == "notes" else ""
-    if any((ord(ch) < 0x20 or ord(ch) == 0x7F) and ch not in allowed for ch in value):
-        raise ValueError(f"field {field!r} contains a control character")
-    return value
-
-
-def _check_scalars(entry: Mapping[str, Any]) -> None:
-    for field in _INT_FIELDS:
-        value = entry.get(field)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_BOUND
-        ):
-            raise ValueError(f"field {field!r} must be null or an integer from 1 to {MAX_BOUND}")
-    if not isinstance(entry.get("supports_full_vocab", False), bool | None):
-        raise ValueError("field 'supports_full_vocab' must be null or a boolean")
-    if not isinstance(entry.get("identity"), dict | None):
-        raise ValueError("field 'identity' must be null or an object")
-
-
-def _entry(alias: str, entry: Mapping[str, Any]) -> LegacyEntry:
-    """Check one entry strictly, ``api_key_env`` aside (its value is never looked at)."""
-    unknown = sorted(set(entry) - KNOWN_FIELDS - {LEGACY_FIELD})
-    if unknown:
-        names = ", ".join(_shown(name) for name in unknown[:_MAX_SHOWN_FIELDS])
-        raise ValueError(f"unknown field(s) {names}")
-    if entry.get("alias") != alias:
-        raise ValueError("field 'alias' must repeat the entry's key")
-    kind = entry.get("kind")
-    if not isinstance(kind, str) or kind not in TEACHER_KINDS:
-        raise ValueError(f"field 'kind' must be one of {', '.join(TEACHER_KINDS)}")
-    _check_scalars(entry)
-    texts = {field: _text(entry, field, MAX_TEXT_CHARS) for field in _TEXT_FIELDS}
-    return LegacyEntry(
-        alias=alias,
-        kind=kind,
-        provider=texts["provider"],
-        model_id=texts["model_id"],
-        url=texts["url"],
-        credential_id=texts["credential_id"],
-        notes=_text(entry, "notes", MAX_NOTES_CHARS),
-        adapter=texts["adapter"],
-    )
-
-
 def _entries(path: Path, doc: Mapping[str, Any]) -> tuple[list[LegacyEntry], int]:
     """Every entry checked; and how many of them carry ``api_key_env``."""
     if len(doc) > MAX_ENTRIES:
@@ -236,16 +181,13 @@ def _entries(path: Path, doc: Mapping[str, Any]) -> tuple[list[LegacyEntry], int
     entries: list[LegacyEntry] = []
     carrying = 0
     for alias, entry in doc.items():
-        if not ALIAS_PATTERN.fullmatch(alias):
-            raise _refuse(
-                path,
-                f"alias {_shown(alias)} is not 1..128 characters of [A-Za-z0-9._@:+=-]",
-                "legacy.alias",
-            )
+        problem = alias_problem(alias)
+        if problem is not None:
+            raise _refuse(path, f"alias {_shown(alias)}: {problem}", "legacy.alias")
         if not isinstance(entry, dict):
             raise _refuse(path, f"entry {alias!r} is not an object", "legacy.not_object")
         try:
-            entries.append(_entry(alias, entry))
+            entries.append(legacy_entry(alias, entry))
         except ValueError as exc:
             raise _refuse(path, f"entry {alias!r}: {exc}", "legacy.entry") from None
         carrying += LEGACY_FIELD in entry
@@ -318,32 +260,61 @@ def import_legacy_registry(path: Path, sessions: sessionmaker[Session]) -> Impor
     tmp = _write_temp(path, _stripped_bytes(doc), original) if carrying else None
     try:
         with unit_of_work(sessions) as session:
-            imported, present = insert_legacy_entries(session, entries)
+            imported, present, deleted = insert_legacy_entries(session, entries, str(path))
         if tmp is not None:
             _replace(path, tmp, original)
             tmp = None
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-    result = ImportResult(path, tuple(imported), tuple(present), carrying, carrying > 0)
-    log.info(
-        "legacy registry %s: imported %d teacher(s) as legacy_unverified, %d already present;"
-        " api_key_env removed from %d entr%s%s",
-        path,
-        len(imported),
-        len(present),
-        carrying,
-        "y" if carrying == 1 else "ies",
-        " and the file rewritten" if carrying else "",
+    result = ImportResult(
+        path, tuple(imported), tuple(present), carrying, carrying > 0, tuple(deleted)
     )
+    log.info("%s", _summary(result))
     return result
+
+
+def _summary(result: ImportResult) -> str:
+    carrying = result.stripped_entries
+    return (
+        f"legacy registry {result.path}: imported {len(result.imported)} teacher(s),"
+        f" {len(result.already_present)} already present,"
+        f" {len(result.deleted_since_import)} deleted since an earlier import (not imported"
+        f" again); api_key_env removed from {carrying} entr{'y' if carrying == 1 else 'ies'}"
+        + (" and the file rewritten" if carrying else "")
+    )
+
+
+def _record(sessions: sessionmaker[Session], path: Path, error: KilnError | None) -> None:
+    with unit_of_work(sessions) as session:
+        repo = LegacyImportRepository(session)
+        if error is None:
+            repo.set_status(str(path), "imported", None, "imported")
+        else:
+            repo.set_status(str(path), "refused", error.rule, error.message)
 
 
 def import_configured_legacy_registry(
     config: KilnConfig, sessions: sessionmaker[Session]
 ) -> ImportResult | None:
-    """Run the import for ``[server] legacy_registry`` when it is set (server start-up)."""
+    """Run the import for ``[server] legacy_registry`` at server start-up.
+
+    A broken file does not stop the server: the refusal is logged (its
+    message names the file and the rule, never a value of ``api_key_env``),
+    nothing is imported, the file is left as it was, and the outcome is
+    recorded for ``GET /ready``.  Without the setting any earlier outcome is
+    cleared.
+    """
     path = config.server.legacy_registry
     if path is None:
+        with unit_of_work(sessions) as session:
+            LegacyImportRepository(session).clear_status()
         return None
-    return import_legacy_registry(path, sessions)
+    try:
+        result = import_legacy_registry(path, sessions)
+    except KilnError as exc:
+        log.error("legacy registry not imported (%s): %s", exc.rule, exc.message)
+        _record(sessions, path, exc)
+        return None
+    _record(sessions, path, None)
+    return result

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
-from kiln_registry.db.legacy import LEGACY_STATUS_MESSAGE
+from kiln_registry.db.legacy import LEGACY_NO_IDENTITY_MESSAGE, LEGACY_STATUS_MESSAGE
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.errors import InputError
@@ -144,11 +144,13 @@ def test_import_strips_api_key_env_and_rewrites_atomically(
         ("big@vllm", "remote", "vllm", "org/big", "https://teacher.example/v1", None,
          "carried over\twith a tab", None, None, "legacy_unverified"),
         ("fix", "fixture", None, "fixture-model", None, None, None, None, None,
-         "legacy_unverified"),
+         "configured"),
         ("small", "local", None, "org/small", None, None, None, "lora-a", None,
          "legacy_unverified"),
     ]  # fmt: skip
-    assert {row[10] for row in rows} == {LEGACY_STATUS_MESSAGE}
+    # Only the entries that carried api_key_env (even null) become unusable; the
+    # current-format fixture keeps the status Kiln gives it.
+    assert [row[10] for row in rows] == [LEGACY_STATUS_MESSAGE, None, LEGACY_STATUS_MESSAGE]
     assert SECRET not in caplog.text and "imported 3 teacher(s)" in caplog.text
     for file in tmp_path.iterdir():
         assert SECRET.encode() not in file.read_bytes(), file
@@ -175,7 +177,12 @@ def test_a_file_without_api_key_env_is_imported_and_left_alone(
     result = import_legacy_registry(path, sessions)
     assert (len(result.imported), result.rewritten) == (3, False)
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before
-    assert {row[9] for row in teacher_rows(tmp_path / "registry.db")} == {"legacy_unverified"}
+    rows = teacher_rows(tmp_path / "registry.db")
+    assert [(row[0], row[9], row[10]) for row in rows] == [
+        ("big@vllm", "legacy_unverified", LEGACY_NO_IDENTITY_MESSAGE),
+        ("fix", "configured", None),
+        ("small", "legacy_unverified", LEGACY_NO_IDENTITY_MESSAGE),
+    ]
 
 
 def test_an_alias_registered_again_is_not_touched(
@@ -201,7 +208,7 @@ def _duplicate_field() -> str:
 
 
 def _entry(**fields: Any) -> str:
-    base: dict[str, Any] = {"alias": "a", "kind": "remote", "api_key_env": SECRET}
+    base: dict[str, Any] = {"alias": "a", "kind": "remote", "model_id": "m", "api_key_env": SECRET}
     base.update(fields)
     return json.dumps({"a": base})
 
@@ -220,12 +227,23 @@ BAD_REGISTRIES = {
         json.dumps({"a": {"kind": "fixture", "api_key_env": SECRET}}),
         "legacy.entry",
     ),
-    "bad_alias_key": (json.dumps({"a/b": {"alias": "a/b", "kind": "fixture"}}), "legacy.alias"),
+    "bad_alias_key": (
+        json.dumps({"a/probe": {"alias": "a/probe", "kind": "fixture", "model_id": "m"}}),
+        "legacy.alias",
+    ),
+    "blank_alias_key": (
+        json.dumps({" ": {"alias": " ", "kind": "fixture", "model_id": "m"}}),
+        "legacy.alias",
+    ),
+    "model_id_missing": (json.dumps({"a": {"alias": "a", "kind": "fixture"}}), "legacy.entry"),
+    "model_id_null": (_entry(model_id=None), "legacy.entry"),
+    "bad_provider": (_entry(provider="openai"), "legacy.entry"),
+    "negative_top_k": (_entry(max_top_k=-1), "legacy.entry"),
+    "bad_identity": (_entry(identity={"schema": "kiln.teacher-identity.v1"}), "legacy.entry"),
     "bool_top_k": (_entry(max_top_k=True), "legacy.entry"),
     "float_vocab": (_entry(vocab_size=1.5), "legacy.entry"),
     "string_full_vocab": (_entry(supports_full_vocab="no"), "legacy.entry"),
     "control_char": (_entry(model_id="a\u0007b"), "legacy.entry"),
-    "blank_url": (_entry(url="  "), "legacy.entry"),
     "identity_list": (_entry(identity=[]), "legacy.entry"),
     "nan": ('{"a": {"alias": "a", "kind": "remote", "max_top_k": NaN}}', "legacy.json"),
     "truncated": ('{"a": {"alias": "a", "kind": "rem', "legacy.json"),

@@ -9,22 +9,23 @@ This module owns:
 * ``check_legacy_rows(conn, where)``: the rows that revision ``0001_initial``
   will copy must have aliases the API can address and kinds the new schema
   allows, checked before anything changes, with a bounded scan;
-* ``insert_legacy_entries(session, entries)``: the database half of the
-  ``teachers.json`` import (every entry becomes ``legacy_unverified`` with no
-  identity; aliases already present are left alone, so a second run changes
-  nothing).
+* ``insert_legacy_entries(session, entries, source)``: the database half of
+  the ``teachers.json`` import (each entry with the status and identity the
+  file side derived; aliases already present are left alone, so a second run
+  changes nothing, and an alias imported before and deleted since is not
+  added again: ``legacy_imports`` remembers it).
 
 ``api_key_env`` is never selected or passed through here: the SQLite
 conversion never reads that column, and ``LegacyEntry`` has no such field.
 
-Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models``,
-``kiln_registry.db.repository`` and ``kiln_registry.errors`` only; never the
+Imports: the standard library, SQLAlchemy, ``kiln_registry.aliases``,
+``kiln_registry.db.models``, ``kiln_registry.db.repository`` and
+``kiln_registry.errors`` only; never the
 API, the engine module or Alembic.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -32,15 +33,13 @@ from typing import Final
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
+from kiln_registry.aliases import alias_problem
 from kiln_registry.db.models import TEACHER_KINDS, TeacherRow
-from kiln_registry.db.repository import TeacherRepository
+from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
 from kiln_registry.errors import ConfigError
 
 LEGACY_BASE_REVISION: Final = "0000_legacy_base"
 MAX_LEGACY_ROWS: Final = 10_000
-# Same rule as kiln_registry.api.schemas.ALIAS_PATTERN (a test keeps them equal):
-# an alias outside it could not be addressed, so not deleted, over the API.
-ALIAS_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]{0,127}$")
 # Also frozen into migrations/versions/0001_initial.py (a test keeps them equal).
 LEGACY_STATUS_MESSAGE: Final = (
     "migrated from a legacy registry without a verified identity (its api_key_env, if any,"
@@ -64,9 +63,21 @@ _MAX_OBJECTS: Final = 16
 _SHOWN_CHARS: Final = 64
 
 
+# An imported entry without an authoritative identity (and without api_key_env).
+LEGACY_NO_IDENTITY_MESSAGE: Final = (
+    "imported from a Kiln teachers.json without an authoritative identity; delete this alias"
+    " and register it again so both identity probes can run"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LegacyEntry:
-    """One validated entry of a legacy registry file: no identity, no secret name."""
+    """One validated entry of a legacy registry file, never with a secret name.
+
+    By default the entry is ``legacy_unverified`` without an identity (the
+    shape of an entry that carried ``api_key_env``); the file side sets the
+    status and identity Kiln would give a current-format entry.
+    """
 
     alias: str
     kind: str
@@ -76,6 +87,10 @@ class LegacyEntry:
     credential_id: str | None = None
     notes: str | None = None
     adapter: str | None = None
+    identity_json: str | None = None
+    identity_digest: str | None = None
+    status: str = "legacy_unverified"
+    status_message: str | None = LEGACY_STATUS_MESSAGE
 
 
 def _shown(value: object) -> str:
@@ -96,12 +111,11 @@ def is_legacy_v0(conn: Connection) -> bool:
 
 
 def _row_problem(alias: object, kind: object) -> tuple[str, str] | None:
-    if not isinstance(alias, str) or not ALIAS_PATTERN.fullmatch(alias):
-        return (
-            "legacy.alias",
-            f"alias {_shown(alias)} is not 1..128 characters of [A-Za-z0-9._@:+=-] "
-            "starting with a letter or digit",
-        )
+    # The API's alias rule (kiln_registry.aliases): an alias outside it could
+    # not be addressed, so not deleted, over the API.
+    problem = alias_problem(alias)
+    if problem is not None:
+        return ("legacy.alias", f"alias {_shown(alias)}: {problem}")
     if not isinstance(kind, str) or kind not in TEACHER_KINDS:
         return (
             "legacy.kind",
@@ -136,38 +150,46 @@ def check_legacy_rows(conn: Connection, where: str) -> int:
 
 
 def insert_legacy_entries(
-    session: Session, entries: Sequence[LegacyEntry]
-) -> tuple[list[str], list[str]]:
-    """Add each entry as ``legacy_unverified``; return (imported, already present) aliases.
+    session: Session, entries: Sequence[LegacyEntry], source: str
+) -> tuple[list[str], list[str], list[str]]:
+    """Add each entry; return (imported, already present, deleted since import) aliases.
 
     Runs in the caller's transaction and never commits.  An alias that is
     already registered (imported earlier, or registered again since) is
-    left exactly as it is.
+    left exactly as it is; one that an earlier import added and that was
+    deleted since is skipped.  Every added alias is recorded as imported.
     """
     if len(entries) > MAX_LEGACY_ROWS:
         raise ConfigError(f"more than {MAX_LEGACY_ROWS} legacy entries", rule="legacy.too_many")
-    repo = TeacherRepository(session)
+    repo, record = TeacherRepository(session), LegacyImportRepository(session)
     imported: list[str] = []
     present: list[str] = []
+    deleted: list[str] = []
     for entry in entries:
         if repo.get(entry.alias) is not None:
             present.append(entry.alias)
             continue
-        repo.insert(
-            TeacherRow(
-                alias=entry.alias,
-                kind=entry.kind,
-                provider=entry.provider,
-                model_id=entry.model_id,
-                url=entry.url,
-                credential_id=entry.credential_id,
-                notes=entry.notes,
-                adapter=entry.adapter,
-                identity_json=None,
-                identity_digest=None,
-                status="legacy_unverified",
-                status_message=LEGACY_STATUS_MESSAGE,
-            )
-        )
+        if record.was_imported(entry.alias):
+            deleted.append(entry.alias)
+            continue
+        repo.insert(_row(entry))
+        record.record_import(entry.alias, source)
         imported.append(entry.alias)
-    return imported, present
+    return imported, present, deleted
+
+
+def _row(entry: LegacyEntry) -> TeacherRow:
+    return TeacherRow(
+        alias=entry.alias,
+        kind=entry.kind,
+        provider=entry.provider,
+        model_id=entry.model_id,
+        url=entry.url,
+        credential_id=entry.credential_id,
+        notes=entry.notes,
+        adapter=entry.adapter,
+        identity_json=entry.identity_json,
+        identity_digest=entry.identity_digest,
+        status=entry.status,
+        status_message=entry.status_message,
+    )

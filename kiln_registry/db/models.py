@@ -1,12 +1,13 @@
 """SQLAlchemy 2 declarative rows for the registry database.
 
 This module owns the Python view of the tables (``TeacherRow``,
-``ProbeReceiptRow``), the allowed values of their CHECK-constrained columns
-and the timestamp format.  It does NOT own the schema: Alembic revisions
-under ``migrations/versions`` create and change tables with explicit ``op.*``
-code, and ``metadata`` here is kept in step with them for reference (a test
-compares the two).  No row holds a secret: teachers store a ``credential_id``
-(a name), never a key.
+``ProbeReceiptRow``, and for legacy ``teachers.json`` imports
+``LegacyImportRow`` and ``LegacyImportStatusRow``), the allowed values of
+their CHECK-constrained columns and the timestamp format. It does NOT own
+the schema: Alembic revisions under ``migrations/versions`` create and
+change tables with explicit ``op.*`` code, and ``metadata`` here is kept in
+step with them for reference (a test compares the two). No row holds a
+secret: teachers store a ``credential_id`` (a name), never a key.
 
 Imports: the standard library and SQLAlchemy only.
 """
@@ -28,6 +29,7 @@ TEACHER_STATUSES: Final = (
     "launching",
 )
 RECEIPT_OUTCOMES: Final = ("passed", "failed")
+LEGACY_IMPORT_OUTCOMES: Final = ("imported", "refused")
 
 # Explicit constraint names keep Alembic batch operations on SQLite
 # deterministic: a batch "move and copy" can only drop or alter a constraint
@@ -107,6 +109,33 @@ class ProbeReceiptRow(Base):
 
     def __repr__(self) -> str:
         return f"ProbeReceiptRow(id={self.id!r}, alias={self.alias!r}, outcome={self.outcome!r})"
+
+
+class LegacyImportRow(Base):
+    """An alias a ``teachers.json`` import added; kept after the alias is deleted."""
+
+    __tablename__ = "legacy_imports"
+
+    alias: Mapped[str] = mapped_column(Text, primary_key=True)
+    source: Mapped[str | None] = mapped_column(Text)
+    imported_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
+
+
+class LegacyImportStatusRow(Base):
+    """The last start-up import of ``[server] legacy_registry`` (one row, ``id = 1``)."""
+
+    __tablename__ = "legacy_import_status"
+    __table_args__ = (
+        CheckConstraint("id = 1", name="single_row"),
+        CheckConstraint(_in_list("outcome", LEGACY_IMPORT_OUTCOMES), name="outcome"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    source: Mapped[str] = mapped_column(Text)
+    outcome: Mapped[str] = mapped_column(Text)
+    rule: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(Text)
+    checked_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
 
 
 metadata: Final = Base.metadata

@@ -31,9 +31,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.db.models import (
+    LEGACY_IMPORT_OUTCOMES,
     RECEIPT_OUTCOMES,
     TEACHER_KINDS,
     TEACHER_STATUSES,
+    LegacyImportRow,
+    LegacyImportStatusRow,
     ProbeReceiptRow,
     TeacherRow,
     utc_timestamp,
@@ -177,6 +180,41 @@ class TeacherRepository:
             .limit(limit)
         )
         return list(self._session.scalars(query))
+
+
+class LegacyImportRepository:
+    """The record of ``teachers.json`` imports, within the caller's transaction.
+
+    ``imported`` aliases are remembered after the alias is deleted, so the
+    next start-up import does not add it again; ``status`` is the outcome of
+    the last start-up import (one row), which ``GET /ready`` reports.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def was_imported(self, alias: str) -> bool:
+        return self._session.get(LegacyImportRow, alias) is not None
+
+    def record_import(self, alias: str, source: str) -> None:
+        self._session.add(LegacyImportRow(alias=alias, source=source))
+
+    def set_status(self, source: str, outcome: str, rule: str | None, message: str) -> None:
+        """Replace the last start-up outcome (message clipped like a status message)."""
+        if outcome not in LEGACY_IMPORT_OUTCOMES:
+            raise InputError(f"legacy import outcome {outcome!r} is unknown", rule="db.legacy")
+        clipped = _clip(message) or ""
+        row = LegacyImportStatusRow(
+            id=1, source=source, outcome=outcome, rule=rule, message=clipped
+        )
+        row.checked_at = utc_timestamp()
+        self._session.merge(row)
+
+    def clear_status(self) -> None:
+        self._session.execute(delete(LegacyImportStatusRow))
+
+    def status(self) -> LegacyImportStatusRow | None:
+        return self._session.get(LegacyImportStatusRow, 1)
 
 
 @contextmanager

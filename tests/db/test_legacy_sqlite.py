@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -19,7 +19,6 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
 
-from kiln_registry.api.schemas import ALIAS_PATTERN as API_ALIAS_PATTERN
 from kiln_registry.db.engine import (
     current_revision,
     detect_database_shape,
@@ -28,7 +27,7 @@ from kiln_registry.db.engine import (
     open_engine,
     upgrade_to_head,
 )
-from kiln_registry.db.legacy import ALIAS_PATTERN, LEGACY_BASE_REVISION, LEGACY_STATUS_MESSAGE
+from kiln_registry.db.legacy import LEGACY_BASE_REVISION, LEGACY_STATUS_MESSAGE
 from kiln_registry.errors import ConfigError
 
 LEGACY_DDL = (
@@ -65,7 +64,7 @@ LEGACY_ROWS = [
 ]
 
 
-def _write_legacy(path: Path, rows: list[tuple[object, ...]], *, wal: bool = False) -> None:
+def _write_legacy(path: Path, rows: Sequence[tuple[object, ...]], *, wal: bool = False) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         if wal:
@@ -138,7 +137,7 @@ def test_frozen_copies_of_the_rules_stay_equal() -> None:
     assert initial.LEGACY_TEACHERS_DDL == LEGACY_DDL
     assert initial.LEGACY_STATUS_MESSAGE == LEGACY_STATUS_MESSAGE
     assert initial.down_revision == LEGACY_BASE_REVISION
-    assert ALIAS_PATTERN.pattern == API_ALIAS_PATTERN.pattern
+    assert _load_revision("0003_legacy_imports.py").LEGACY_STATUS_MESSAGE == LEGACY_STATUS_MESSAGE
 
 
 def test_the_planted_values_are_in_the_legacy_file(legacy_db: Path) -> None:
@@ -232,10 +231,12 @@ def test_every_connection_zeroes_deleted_content(engine: Engine) -> None:
     ("bad_row", "rule"),
     [
         (("ok", "vllm-remote", None, None, None, SECRET, None, "{}", "t"), "legacy.kind"),
-        (("has/slash", "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
+        (("has/probe", "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
+        (("  ", "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
+        (("a\x00b", "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
         ((None, "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
         ((b"blob-alias", "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
-        (("a" * 129, "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
+        (("a" * 257, "remote", None, None, None, SECRET, None, "{}", "t"), "legacy.alias"),
     ],
 )
 def test_rows_that_cannot_be_carried_refuse_the_upgrade_and_change_nothing(

@@ -186,3 +186,50 @@ def test_alembic_by_hand_with_the_repository_ini(tmp_path: Path) -> None:
         assert current_revision(eng) == head_revision()
     finally:
         eng.dispose()
+
+
+def _legacy_imports(path: Path) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT alias, source FROM legacy_imports ORDER BY alias").fetchall()
+    finally:
+        conn.close()
+
+
+def test_0003_on_an_empty_database_creates_empty_legacy_tables(
+    engine: Engine, tmp_path: Path
+) -> None:
+    upgrade_to_head(engine)
+    assert _legacy_imports(tmp_path / "registry.db") == []
+    conn = sqlite3.connect(tmp_path / "registry.db")
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM legacy_import_status").fetchone() == (0,)
+        with pytest.raises(sqlite3.IntegrityError):  # at most one status row
+            conn.execute(
+                "INSERT INTO legacy_import_status VALUES (2, 'p', 'imported', NULL, 'm', 't')"
+            )
+    finally:
+        conn.close()
+
+
+def test_0003_on_a_populated_database_records_the_legacy_rows_as_imported(
+    engine: Engine, tmp_path: Path
+) -> None:
+    from kiln_registry.db.legacy import LEGACY_STATUS_MESSAGE
+
+    _upgrade_to(engine, "0002_jobs")
+    legacy = ("old", "remote", None, "m", None, None, None, None, None, None, None,
+              "legacy_unverified", LEGACY_STATUS_MESSAGE, "2024-01-01T00:00:00.000000Z",
+              "2024-01-01T00:00:00.000000Z")  # fmt: skip
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO teachers (alias, kind, provider, model_id, url, credential_id, notes, "
+            "adapter, launch_profile, identity_json, identity_digest, status, status_message, "
+            "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [*TEACHERS_0001, legacy],
+        )
+    before = _dump(tmp_path / "registry.db")
+    assert upgrade_to_head(engine) == head_revision()
+    assert _dump(tmp_path / "registry.db") == before
+    # Only the row an import (or the 0001 conversion) created is recorded as imported.
+    assert _legacy_imports(tmp_path / "registry.db") == [("old", None)]
