@@ -203,9 +203,12 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
     magnitude = approx.astype(np.float32)
     clinger = fast & (mantissa <= np.uint64(1 << 53)) & (frac_len <= 22)
     exact = clinger & (magnitude.astype(np.float64) == approx)
-    decided, proved = _prove_float32(mantissa, frac_len, magnitude)
-    decided &= fast & ~clinger
-    exact |= decided & proved
+    decided = np.zeros(length.size, dtype=bool)
+    proof = np.flatnonzero(fast & ~clinger)  # Clinger decides most of vLLM's numbers
+    if proof.size:
+        got, proved = _prove_float32(mantissa[proof], frac_len[proof], magnitude[proof])
+        decided[proof] = got
+        exact[proof] |= got & proved
     _prove_extended(mantissa, frac_len, magnitude, fast & ~clinger & ~decided, (decided, exact))
     if (fast & ~exact & (clinger | decided)).any() or (fast & ~neg & (mantissa != 0)).any():
         raise FastPathDeferred

@@ -233,10 +233,15 @@ def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -
 
 
 def _window(arr: Bytes, starts: I64, width: int) -> Bytes:
-    """``arr[s : s + width]`` for every ``s``, as one C-contiguous ``(len(starts), width)``."""
+    """``arr[s : s + width]`` for every ``s``, as one C-contiguous ``(len(starts), width)``.
+
+    Gathers ``width``-byte items of an overlapping stride-1 view (one index
+    and one copy per row), not one index per byte.
+    """
     if starts.min() < 0 or starts.max() > arr.size - width:
         raise FastPathDeferred
-    window: Bytes = arr[starts[:, None] + np.arange(width)]
+    items = np.ndarray((arr.size - width + 1,), dtype=f"V{width}", buffer=arr, strides=(1,))
+    window: Bytes = items[starts].view(np.uint8).reshape(starts.size, width)
     return window
 
 
@@ -348,4 +353,6 @@ def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns:
         raise FastPathDeferred
     packed = array("q")
     packed.frombytes(offsets.data.cast("B"))
-    return PromptLogprobColumns(ids=out.ids, logprobs=out.logprobs, ranks=out.ranks, offsets=packed)
+    return PromptLogprobColumns(
+        ids=out.ids, logprobs=out.logprobs, ranks=out.ranks, offsets=packed, distinct_ids=True
+    )

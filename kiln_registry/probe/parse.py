@@ -97,6 +97,8 @@ class PromptLogprobColumns:
     the numbers rounded to float32, as Kiln keeps them.  ``sources`` holds the
     numbers as float64 when some of them are not float32-exact (Kiln compares
     ties, order and mass on those); None when ``logprobs`` are exact.
+    ``distinct_ids``: the producer proved no row repeats an id (both parsers
+    do: strict JSON refuses a repeated key, and ids are canonical).
     """
 
     ids: array[int]
@@ -104,6 +106,7 @@ class PromptLogprobColumns:
     ranks: array[int]
     offsets: array[int]
     sources: array[float] | None = None
+    distinct_ids: bool = False
 
     @property
     def row_count(self) -> int:
@@ -315,7 +318,12 @@ def parse_rows(
     ids, lps, ranks, sources = cols
     exact = array("d", lps) == sources
     return PromptLogprobColumns(
-        ids=ids, logprobs=lps, ranks=ranks, offsets=offsets, sources=None if exact else sources
+        ids=ids,
+        logprobs=lps,
+        ranks=ranks,
+        offsets=offsets,
+        sources=None if exact else sources,
+        distinct_ids=True,  # a repeated key was refused by strict_loads; ids are canonical
     )
 
 

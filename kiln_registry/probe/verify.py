@@ -56,7 +56,6 @@ class StudentView:
 
     tokenizer_vocab_sha256: str
     model_width: int
-    tokenizer_size: int | None = None  # with added tokens; None where only the width is known
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -121,14 +120,6 @@ def check_student(identity: TeacherIdentity, student: StudentView) -> None:
             f"teacher vocab_size {identity.vocab_size} differs from the student's model width"
             f" {student.model_width}",
             rule="probe.student_width",
-        )
-    if student.tokenizer_size is not None and identity.vocab_size != student.tokenizer_size:
-        # Kiln (api/teachers.rs) requires vocab_size to equal the model width AND the
-        # loaded tokenizer's size (added tokens included).
-        raise IdentityMismatch(
-            f"teacher vocab_size {identity.vocab_size} must match both the student's"
-            f" tokenizer ({student.tokenizer_size}) and model width ({student.model_width})",
-            rule="probe.student_tokenizer_size",
         )
 
 
@@ -339,7 +330,8 @@ def verify_rows(
     if np.any(widths < 1):
         fail("row_width", "a prompt_logprobs row is empty")
     _check_values(ids, lps, ranks, identity.vocab_size)
-    _check_duplicates(ids, offsets)
+    if not rows.distinct_ids:
+        _check_duplicates(ids, offsets)
     exact = rows.sources is None
     values = lps if exact else np.frombuffer(rows.sources, dtype=np.float64)  # type: ignore[arg-type]
     view = _Rows(ids, lps, ranks, values, starts, widths, k)
