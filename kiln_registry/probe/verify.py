@@ -56,6 +56,7 @@ class StudentView:
 
     tokenizer_vocab_sha256: str
     model_width: int
+    tokenizer_size: int | None = None  # with added tokens; None where only the width is known
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -120,6 +121,14 @@ def check_student(identity: TeacherIdentity, student: StudentView) -> None:
             f"teacher vocab_size {identity.vocab_size} differs from the student's model width"
             f" {student.model_width}",
             rule="probe.student_width",
+        )
+    if student.tokenizer_size is not None and identity.vocab_size != student.tokenizer_size:
+        # Kiln (api/teachers.rs) requires vocab_size to equal the model width AND the
+        # loaded tokenizer's size (added tokens included).
+        raise IdentityMismatch(
+            f"teacher vocab_size {identity.vocab_size} must match both the student's"
+            f" tokenizer ({student.tokenizer_size}) and model width ({student.model_width})",
+            rule="probe.student_tokenizer_size",
         )
 
 
