@@ -16,14 +16,18 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import httpx
 from fastapi import FastAPI
 
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.errors import install_error_handlers
+from kiln_registry.api.fast_lookup import CachedEntryLookup
 from kiln_registry.api.limits import RequestBodyLimit
+from kiln_registry.api.openapi import install_openapi
 from kiln_registry.api.routes import jobs, system, teachers
+from kiln_registry.api.teachers_service import cached_teacher_json
 from kiln_registry.probe.wire import teacher_tls_context
 
 API_TITLE = "kiln-registry"
@@ -76,8 +80,12 @@ def create_app(
     )
     app.state.ctx = ctx
     install_error_handlers(app)
+    if ctx is not None:
+        # Innermost: every middleware added later (outer) still sees cached lookups.
+        app.add_middleware(CachedEntryLookup, lookup=partial(cached_teacher_json, ctx))
     app.add_middleware(RequestBodyLimit)
     app.include_router(teachers.router)
     app.include_router(system.router)
     app.include_router(jobs.router)
+    install_openapi(app)
     return app
