@@ -30,6 +30,7 @@ from typing import Protocol
 import httpx
 
 from kiln_registry.errors import KilnError, ProbeBusy, ProbeFailed
+from kiln_registry.identity.bounds import MAX_CANDIDATES, allocation_bound
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.fastscan import parse_completion_fast
 from kiln_registry.probe.parse import (
@@ -301,13 +302,16 @@ async def _scored(
     if ex.status != 200:
         raise status_failure(ex, f"{purpose} probe (K={k})")
     known = identity or pinned
+    vocab = known.vocab_size if known else MAX_VOCAB_SIZE
+    budget = known.max_prompt_logprob_candidates if known else MAX_CANDIDATES
     with withholding_response_text(ex.authenticated):
         parsed = parse_completion_fast(
             ex.body,
             expected_prompt_len=len(prompt),
             k=k,
-            vocab_size=known.vocab_size if known else MAX_VOCAB_SIZE,
-            max_candidates=known.max_prompt_logprob_candidates if known else len(prompt) * (k + 1),
+            vocab_size=vocab,
+            # the smaller of the identity's budget and what this request can produce
+            max_candidates=allocation_bound(budget, prompt_len=len(prompt), k=k, vocab_size=vocab),
         )
         if identity is None:
             identity = identity_from_fingerprint(parsed.system_fingerprint)
