@@ -90,6 +90,8 @@ _COMPILER_REFUSED = frozenset(
         "OBJC_INCLUDE_PATH",
         "LIBRARY_PATH",
         "CUDAHOSTCXX",
+        "CUDACXX",
+        "NVCC",
         "NVCC_PREPEND_FLAGS",
         "NVCC_APPEND_FLAGS",
         "NVCC_CCBIN",
