@@ -21,6 +21,9 @@ the allowlists encode (each one is tested):
 * ``--response-role`` is refused as not reviewed (it shapes chat responses).
 * ``--rope-scaling`` takes a flat JSON object that must already be in
   canonical compact form with sorted keys, so one setting has one identity.
+* v2 (Kiln conformance): ``--disable-log-stats`` is an inference switch,
+  hashed into the identity as Kiln's launcher hashes it, and
+  ``--enable-offline-docs`` is accepted as transport, as in Kiln.
 * Numbers are canonical decimals: no sign, exponent, leading zero or trailing
   fractional zero (``0.9``, not ``0.90``), so one value has one identity.
 
@@ -53,7 +56,7 @@ from kiln_registry.launcher.policy_tables import (
     owned_prefix_targets,
 )
 
-VLLM_OPTION_POLICY_VERSION = "kiln.vllm-option-policy.v1"
+VLLM_OPTION_POLICY_VERSION = "kiln.vllm-option-policy.v2"
 API_KEY_OPTION = "api-key"
 REDACTED = "<redacted>"
 

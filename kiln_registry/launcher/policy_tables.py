@@ -1,6 +1,6 @@
 """The reviewed vLLM option tables and their value rules (pure data).
 
-Owns the names behind ``kiln.vllm-option-policy.v1``: what the launcher owns,
+Owns the names behind ``kiln.vllm-option-policy.v2``: what the launcher owns,
 what names a path-like input, which transport and inference options are
 accepted, and how each accepted value is validated.  Option names are the
 real ``vllm serve`` names (vLLM's engine and OpenAI-frontend arguments).  A
@@ -150,7 +150,7 @@ TRANSPORT_SWITCHES: frozenset[str] = frozenset(
         "enable-request-id-headers",
         "disable-fastapi-docs",
         "allow-credentials",
-        "disable-log-stats",
+        "enable-offline-docs",
     }
 )
 
@@ -201,7 +201,13 @@ NEGATABLE_SWITCHES: frozenset[str] = frozenset(
         "no-enable-chunked-prefill",
     }
 )
-INFERENCE_SWITCHES: frozenset[str] = NEGATABLE_SWITCHES | {"enforce-eager", "language-model-only"}
+# --disable-log-stats cannot change a logit, but Kiln's launcher hashes it (it is
+# not in Kiln's transport set), so it is bound here too: the same launch, the same C.
+INFERENCE_SWITCHES: frozenset[str] = NEGATABLE_SWITCHES | {
+    "enforce-eager",
+    "language-model-only",
+    "disable-log-stats",
+}
 
 # Options the launcher sets itself, or that would swap the model, tokenizer,
 # weights, logprob surface, fingerprint, server code or adapter surface.

@@ -307,6 +307,16 @@ def test_kilns_accepted_extra_args() -> None:
     assert options.transport == ("--api-key=$(touch /tmp/nope)",)
 
 
+def test_transport_split_is_kilns() -> None:
+    """vllm_teacher.py TRANSPORT_OPTIONS: --disable-log-stats is not transport, so it is hashed."""
+    options = classify_vllm_options(
+        ["--disable-log-stats", "--enable-offline-docs", "--disable-fastapi-docs",
+         "--uvicorn-log-level=info", "--allow-credentials", "--ssl-keyfile=/etc/tls/key.pem"]
+    )  # fmt: skip
+    assert options.inference == ("--disable-log-stats",)
+    assert len(options.transport) == 5
+
+
 @pytest.mark.parametrize(
     "args",
     [["--dtype", "bfloat16"], ["-p=8000"], ["--dtype=f16", "--dtype=bf16"],
