@@ -413,8 +413,8 @@ def _legacy_sqlite(path: Path) -> None:
 
 def _check_legacy_entry(entry: dict[str, Any]) -> None:
     assert entry["status"] == "legacy_unverified" and entry["usable"] is False, entry
-    assert entry["capabilities"] is None and entry["spec"]["identity"] is None
-    assert entry["identity_revision"] is None and entry["off_policy_manifest"] is None
+    assert entry.get("capabilities") is None and entry["spec"].get("identity") is None
+    assert entry.get("identity_revision") is None and entry.get("off_policy_manifest") is None
     assert entry["status_message"] == LEGACY_STATUS_MESSAGE
 
 
@@ -445,14 +445,17 @@ def test_migrated_aliases_over_the_http_api(
         credentials={"tls": (origin, KEY_ENV)},
     )
     with run_registry(config) as server, server.client() as http:
-        # Until server.py calls it at start-up (the lead wires it), run it as start-up would.
-        import_configured_legacy_registry(server.ctx.config, server.ctx.sessions)
+        # build_context ran the start-up import of [server] legacy_registry.
+        ready = http.get("/ready").json()
+        assert ready["legacy_registry"]["status"] == "imported", ready
         listed = http.get("/v1/teachers")
         assert listed.status_code == 200 and SECRET not in listed.text
         entries = {entry["spec"]["alias"]: entry for entry in listed.json()["teachers"]}
         assert sorted(entries) == ["big@vllm", "fix", "old-sqlite", "small"]
-        for entry in entries.values():
-            _check_legacy_entry(entry)
+        for alias in ("big@vllm", "old-sqlite", "small"):
+            _check_legacy_entry(entries[alias])
+        # The current-format fixture keeps the status Kiln gives it.
+        assert entries["fix"]["status"] == "configured"
         for alias in ("old-sqlite", "big@vllm"):
             _check_refusals(http, alias, origin)
             assert http.delete(f"/v1/teachers/{alias}").json() == {
@@ -465,9 +468,44 @@ def test_migrated_aliases_over_the_http_api(
             assert fresh.status_code == 200, fresh.text
             body = fresh.json()
             assert (body["status"], body["usable"]) == ("verified", True)
-            assert body["capabilities"]["max_top_k"] == 8 and body["status_message"] is None
+            assert body["capabilities"]["max_top_k"] == 8 and "status_message" not in body
             assert http.post(f"/v1/teachers/{alias}/probe").status_code == 200
         assert http.get("/v1/teachers/small").json()["usable"] is False
     for file in tmp_path.iterdir():
         if file.is_file():
             assert SECRET.encode() not in file.read_bytes(), file
+
+
+def test_a_broken_file_at_start_up_is_logged_recorded_and_left_alone(
+    tmp_path: Path,
+    sessions: sessionmaker[Session],
+    tiny_model: TinyModel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kiln_registry.db.repository import LegacyImportRepository
+
+    path = write_registry(tmp_path / "teachers.json", {"a": {"alias": "a", "kind": "remote"}})
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
+    config = tmp_path / "kiln.toml"
+    config.write_text(
+        '[server]\nlegacy_registry = "teachers.json"\n'
+        f'[student]\nmodel_path = "{tiny_model.path}"\n',
+        encoding="utf-8",
+    )
+    assert import_configured_legacy_registry(load_config(config), sessions) is None
+    assert "legacy registry not imported (legacy.entry)" in caplog.text
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+    assert teacher_rows(tmp_path / "registry.db") == []
+    with unit_of_work(sessions) as session:
+        status = LegacyImportRepository(session).status()
+        assert status is not None
+        assert (status.outcome, status.source, status.rule) == (
+            "refused",
+            str(path),
+            "legacy.entry",
+        )
+    plain = tmp_path / "plain.toml"
+    plain.write_text(f'[student]\nmodel_path = "{tiny_model.path}"\n', encoding="utf-8")
+    import_configured_legacy_registry(load_config(plain), sessions)
+    with unit_of_work(sessions) as session:
+        assert LegacyImportRepository(session).status() is None
