@@ -26,7 +26,7 @@ from kiln_registry.api.errors import install_error_handlers
 from kiln_registry.api.fast_lookup import CachedEntryLookup
 from kiln_registry.api.limits import RequestBodyLimit
 from kiln_registry.api.openapi import install_openapi
-from kiln_registry.api.routes import jobs, system, teachers
+from kiln_registry.api.routes import jobs, keys, system, teachers
 from kiln_registry.api.teachers_service import cached_teacher_json
 from kiln_registry.probe.wire import teacher_tls_context
 
@@ -87,5 +87,6 @@ def create_app(
     app.include_router(teachers.router)
     app.include_router(system.router)
     app.include_router(jobs.router)
+    app.include_router(keys.router)
     install_openapi(app)
     return app

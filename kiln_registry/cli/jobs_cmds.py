@@ -1,4 +1,4 @@
-"""``kiln jobs ...``, ``kiln cache ...`` and ``kiln corpus verify``.
+"""``kiln jobs ...`` and ``kiln cache ...`` (``kiln corpus verify`` is ``cli.corpus_cmds``).
 
 ``jobs submit|list|show|cancel|result`` talk to the registry (``--server URL``,
 else ``$KILN_SERVER``, else ``http://127.0.0.1:8420``) through
@@ -7,9 +7,6 @@ terminal and prints one line per change otherwise.  ``result`` streams the
 corpus to stdout or, atomically, to ``--output``.  ``cache stats`` and
 ``cache prune --identity`` open the registry database named by ``--config``
 (it must already be at the current schema revision; ``kiln serve`` migrates).
-``corpus verify FILE --server URL`` checks every line of a corpus against its
-header identity, then asks the registry whether that identity is still the
-one registered under the corpus's teacher alias.
 
 Failures are ``KilnError``s: ``kiln`` prints one line and exits 2.  Imports:
 standard library, httpx, ``kiln_registry.client``/``config``/``db``/``errors``,
@@ -25,7 +22,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import httpx
 
@@ -33,6 +30,9 @@ from kiln_registry.api.jobs_schemas import JOB_ID_PATTERN, JobPublic, JobsListRe
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client import DEFAULT_SERVER, RegistryClient
 from kiln_registry.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from kiln_registry.jobs.signing import PublicKey
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 SERVER_ENV = "KILN_SERVER"
@@ -59,6 +59,12 @@ class JobsClient(RegistryClient):
 
     def cancel_job(self, job_id: str) -> JobPublic:
         return self._call("POST", f"/v1/jobs/{_job_id(job_id)}/cancel", JobPublic)
+
+    def signing_keys(self) -> dict[str, PublicKey]:
+        """The registry's corpus-signing public keys (``GET /v1/keys``), strictly parsed."""
+        from kiln_registry.jobs.signing import parse_keys
+
+        return parse_keys(self._request("GET", "/v1/keys", None), f"{self.base_url}/v1/keys")
 
     def download(self, job_id: str, sink: BinaryIO) -> int:
         """Stream the job's corpus into ``sink``; the bytes written."""
@@ -272,27 +278,6 @@ def _cache_prune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _corpus_verify(args: argparse.Namespace) -> int:
-    from kiln_registry.jobs.corpus_verify import verify_corpus
-
-    summary = verify_corpus(args.file)
-    if summary.teacher is None:
-        raise InputError(f"{args.file}: the corpus has no rows to verify", rule="corpus.empty")
-    with _client(args) as client:
-        entry = client.get_teacher(summary.teacher)
-    if not entry.usable or entry.off_policy_manifest != summary.manifest:
-        raise InputError(
-            f"{args.file}: teacher alias {summary.teacher!r} no longer serves the corpus's"
-            f" identity {summary.identity.revision()} (registered: {entry.identity_revision})",
-            rule="corpus.identity_not_registered",
-        )
-    print(
-        f"ok: {summary.sequences} sequences of job {summary.job_id} (K={summary.top_k}) belong"
-        f" to identity {summary.identity.revision()}, still registered as {summary.teacher}"
-    )
-    return 0
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -364,10 +349,3 @@ def register(sub: SubParsers) -> None:
     p.add_argument("--config", type=Path, required=True, help="path to kiln.toml")
     p.add_argument("--identity", required=True, help="identity digest or sha256:<digest>")
     p.set_defaults(func=_cache_prune)
-    group = sub.add_parser("corpus", help="identity-bound teacher corpora").add_subparsers(
-        dest="corpus_command", required=True, metavar="COMMAND"
-    )
-    p = group.add_parser("verify", help="check a corpus and that its identity is still registered",
-                         parents=[_common()])  # fmt: skip
-    p.add_argument("file", type=Path)
-    p.set_defaults(func=_corpus_verify)

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kiln_registry.cli.demo_cmds",
     "kiln_registry.cli.registry_cmds",
     "kiln_registry.cli.jobs_cmds",
+    "kiln_registry.cli.corpus_cmds",
 )
 
 

@@ -16,13 +16,19 @@ Layout (``kiln.teacher-scores.v1``):
   token after position ``i``; the last row comes from Kiln's causal final-row
   probe) and ``token_logprobs`` (the ``n - 1`` logprobs of the sequence's own
   next tokens).  Logprobs are float32 values in their shortest round-trip form.
+* The last line is the signature trailer, compact JSON in exactly this form
+  ``{"kiln.corpus-trailer.v1":{"sha256":S,"key_id":I,"signature":G}}``: ``S``
+  the lowercase hex SHA-256 of every byte before the trailer line, ``I`` the
+  registry key's id and ``G`` the lowercase hex Ed25519 signature over
+  ``jobs.signing.signed_message(S)``.
 
-``CorpusWriter`` writes to a hidden partial file and publishes it atomically
+``CorpusWriter`` hashes the bytes as it writes them to a hidden partial file,
+signs the digest once, appends the trailer and publishes the file atomically
 (fsync, rename, fsync of the directory); ``discard`` removes it.  Reading and
 verifying a corpus is ``jobs.corpus_verify``.
 
 Imports: standard library, numpy, orjson, ``identity.document`` and
-``jobs.cache``/``jobs.sources``.
+``jobs.cache``/``jobs.signing``/``jobs.sources``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import orjson
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.cache import ScoredSequence
+from kiln_registry.jobs.signing import TRAILER_SCHEMA, CorpusSigner
 from kiln_registry.jobs.sources import token_ids_sha256
 
 ROW_FORMAT: Final = "kiln.teacher-scores.v1"
@@ -46,6 +53,14 @@ ROW_KEYS: Final = (
     "format", "job_id", "teacher", "identity_digest", "top_k", "id", "token_ids_sha256",
     "token_ids", "topk_ids", "topk_logprobs", "token_logprobs",
 )  # fmt: skip
+TRAILER_FIELDS: Final = ("sha256", "key_id", "signature")
+TRAILER_PREFIX: Final = b'{"' + TRAILER_SCHEMA.encode("ascii") + b'":'
+
+
+def trailer_line(sha256: str, key_id: str, signature: str) -> bytes:
+    """The exact trailer line (with its newline) for these hex values."""
+    body = {TRAILER_SCHEMA: dict(zip(TRAILER_FIELDS, (sha256, key_id, signature), strict=True))}
+    return orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +107,11 @@ def encode_row(
 
 
 class CorpusWriter:
-    """Streams a corpus into ``.<name>.partial`` beside ``final`` and publishes it atomically."""
+    """Streams a corpus into ``.<name>.partial`` beside ``final``, signs and publishes it."""
 
-    def __init__(self, final: Path, ctx: RowContext) -> None:
+    def __init__(self, final: Path, ctx: RowContext, signer: CorpusSigner) -> None:
         self.final = final
+        self.signer = signer
         self.partial = final.with_name(f".{final.name}.partial")
         self.ctx = ctx
         self._prefix = ctx.prefix()
@@ -124,8 +140,14 @@ class CorpusWriter:
         self._write(encode_row(self._prefix, seq_id, tokens, scored, sha256))
 
     def commit(self) -> tuple[str, int]:
-        """fsync, rename over ``final``, fsync the directory; return (sha256, bytes)."""
+        """Append the signed trailer, fsync, rename over ``final``, fsync the directory.
+
+        Returns the SHA-256 and size of the whole published file (trailer included).
+        """
         assert self._file is not None, "the corpus writer is closed"
+        body = self.sha256.hexdigest()
+        signature = self.signer.sign(body).hex()
+        self._write(trailer_line(body, self.signer.public.key_id, signature))
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()

@@ -1,10 +1,18 @@
 """Verifying an identity-bound teacher corpus (layout in ``jobs.corpus``) line by line.
 
-``verify_corpus(path)`` reads the file with bounded lines and checks: the
-first line is a byte-exact ``off_policy_manifest``; every later line is a
-strict JSON object with exactly the row keys in order, ``format`` and
-``identity_digest`` belong to the header's identity, one ``job_id``,
-``teacher`` and ``top_k`` (1..=max_top_k) throughout, unique ids, token ids
+``verify_corpus(path, keys)`` first checks the signature trailer: the last
+line must be a byte-exact ``kiln.corpus-trailer.v1`` line (a corpus without
+one is refused as unsigned, ``corpus.unsigned``), signed by one of ``keys``
+(``corpus.unknown_key``) with a valid Ed25519 signature over its SHA-256
+(``corpus.signature``).  It then reads everything before the trailer once,
+hashing it while it checks each line, and refuses the first bad line; when
+every line is well formed but the bytes do not hash to the signed SHA-256,
+the content was changed after signing (``corpus.sha256``).  So any change to
+any byte is refused.  Line checks: the first line is a byte-exact
+``off_policy_manifest``; every later line is a strict JSON object with
+exactly the row keys in order, ``format`` and ``identity_digest`` belong to
+the header's identity, one ``job_id``, ``teacher`` and ``top_k``
+(1..=max_top_k) throughout, unique ids, token ids
 below ``vocab_size`` whose SHA-256 matches ``token_ids_sha256``, a length that
 fits ``max_model_len`` with the probe token and generation slot, ``n`` rows of
 ``K`` distinct in-vocabulary ids with finite, non-positive, non-increasing
@@ -14,26 +22,47 @@ verify`` asks the server).
 
 Refusals are ``InputError`` with ``rule="corpus.<name>"`` naming the line.
 Imports: standard library, numpy, ``kiln_registry.errors``,
-``identity.document`` and ``jobs.corpus``/``jobs.sources``.
+``identity.document`` and ``jobs.corpus``/``jobs.signing``/``jobs.sources``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import numpy as np
 
 from kiln_registry.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
-from kiln_registry.jobs.corpus import ROW_FORMAT, ROW_KEYS
+from kiln_registry.jobs.corpus import (
+    ROW_FORMAT,
+    ROW_KEYS,
+    TRAILER_FIELDS,
+    TRAILER_PREFIX,
+    trailer_line,
+)
+from kiln_registry.jobs.signing import TRAILER_SCHEMA, PublicKey
 from kiln_registry.jobs.sources import EXTRA_CONTEXT_TOKENS, strict_json, token_ids_sha256
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 MAX_ROW_BYTES: Final = 256 << 20
 MAX_LINES: Final = 1_000_000
+MAX_TRAILER_BYTES: Final = 1024
+_HEX: Final = {"sha256": re.compile(r"[0-9a-f]{64}"), "key_id": re.compile(r"[0-9a-f]{64}"),
+               "signature": re.compile(r"[0-9a-f]{128}")}  # fmt: skip
+UNSIGNED_HINT: Final = (
+    "corpora are signed since the registry added signature trailers; download it again with"
+    " `kiln jobs result`, or submit the job again (its cached scores make that fast)"
+)
+
+# Called with (bytes checked, bytes to check) as verification advances.
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +73,18 @@ class CorpusSummary:
     teacher: str | None
     top_k: int | None
     sequences: int
+    key_id: str
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Trailer:
+    """A parsed trailer and where it starts (the number of signed bytes before it)."""
+
+    sha256: str
+    key_id: str
+    signature: bytes
+    offset: int
 
 
 def _error(where: str, rule: str, message: str) -> InputError:
@@ -161,31 +202,128 @@ class _LineChecker:
         _logprobs(np.asarray(own, dtype=np.float64), where, "token_logprobs")
 
 
-def verify_corpus(path: Path) -> CorpusSummary:
-    """Check every line of the corpus at ``path``; see the module docstring."""
+def _trailer_fields(raw: bytes) -> tuple[str, str, str]:
+    try:
+        value = strict_json(raw.removesuffix(b"\n"))
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    inner = value.get(TRAILER_SCHEMA) if isinstance(value, dict) else None
+    if (
+        not isinstance(inner, dict)
+        or tuple(inner) != TRAILER_FIELDS
+        or not all(
+            isinstance(inner[name], str) and pattern.fullmatch(inner[name])
+            for name, pattern in _HEX.items()
+        )
+    ):
+        raise _error("trailer", "trailer", "the signature trailer is malformed")
+    sha, key_id, signature = (inner[name] for name in TRAILER_FIELDS)
+    if trailer_line(sha, key_id, signature) != raw:
+        raise _error("trailer", "trailer", "the signature trailer is not byte-exact")
+    return sha, key_id, signature
+
+
+def read_trailer(handle: BinaryIO, size: int) -> Trailer:
+    """The trailer of the open corpus of ``size`` bytes (refusals: see the module docstring)."""
+    handle.seek(max(0, size - MAX_TRAILER_BYTES))
+    tail = handle.read(MAX_TRAILER_BYTES)
+    if not tail.endswith(b"\n"):
+        raise _error("end of file", "truncated", "the corpus does not end with a newline")
+    start = tail.rfind(b"\n", 0, len(tail) - 1) + 1
+    raw = tail[start:]
+    if (start == 0 and size > len(tail)) or not raw.startswith(TRAILER_PREFIX):
+        if b"kiln.corpus-trailer" in raw:
+            raise _error("trailer", "trailer", "the signature trailer is malformed")
+        raise InputError(
+            "the corpus is unsigned: its last line is not a kiln.corpus-trailer.v1 signature"
+            " trailer (written before corpora were signed, or the trailer was removed)",
+            rule="corpus.unsigned",
+            hint=UNSIGNED_HINT,
+        )
+    sha, key_id, signature = _trailer_fields(raw)
+    return Trailer(sha, key_id, bytes.fromhex(signature), size - len(raw))
+
+
+def check_trailer(trailer: Trailer, keys: dict[str, PublicKey]) -> PublicKey:
+    """The key that signed ``trailer``; refused when it is not one of ``keys`` or invalid."""
+    key = keys.get(trailer.key_id)
+    if key is None:
+        raise InputError(
+            f"trailer: the corpus was signed by key {trailer.key_id}, which is not the"
+            f" registry's key ({', '.join(sorted(keys))})",
+            rule="corpus.unknown_key",
+            hint="verify against the key of the registry that published the corpus"
+            " (--server, or --public-key with its GET /v1/keys document)",
+        )
+    if not key.verifies(trailer.sha256, trailer.signature):
+        raise _error("trailer", "signature", f"the signature is not key {key.key_id}'s signature")
+    return key
+
+
+class _SignedBody:
+    """Bounded line reads of the signed bytes before the trailer, hashed as they are read."""
+
+    def __init__(self, handle: BinaryIO, end: int, on_progress: Progress | None) -> None:
+        self.handle = handle
+        self.end = end
+        self.done = 0
+        self.sha256 = hashlib.sha256()
+        self.on_progress = on_progress
+
+    def line(self, limit: int) -> bytes:
+        raw = self.handle.readline(min(limit + 1, self.end - self.done))
+        self.done += len(raw)
+        self.sha256.update(raw)
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.end)
+        return raw
+
+
+def _check_lines(body: _SignedBody) -> _LineChecker:
+    header = body.line(MAX_HEADER_BYTES)
+    if not header or len(header) > MAX_HEADER_BYTES:
+        raise _error("line 1", "manifest", "missing or oversized manifest line")
+    identity, _ = parse_header(header)
+    checker = _LineChecker(identity)
+    for number in range(2, MAX_LINES + 2):
+        raw = body.line(MAX_ROW_BYTES)
+        if not raw:
+            break
+        if len(raw) > MAX_ROW_BYTES or number > MAX_LINES:
+            raise _error(f"line {number}", "size", "the line or the corpus is too large")
+        checker.check(_loads(raw, f"line {number}"), f"line {number}")
+    return checker
+
+
+def verify_corpus(
+    path: Path, keys: dict[str, PublicKey], on_progress: Progress | None = None
+) -> CorpusSummary:
+    """Check the trailer against ``keys``, then every line; see the module docstring."""
     try:
         handle = path.open("rb")
     except OSError as exc:
         raise _error(str(path), "open", f"cannot open ({exc.strerror})") from None
     with handle:
-        header = handle.readline(MAX_HEADER_BYTES + 1)
-        if not header or len(header) > MAX_HEADER_BYTES:
-            raise _error("line 1", "manifest", "missing or oversized manifest line")
-        identity, manifest = parse_header(header)
-        checker = _LineChecker(identity)
-        for number in range(2, MAX_LINES + 2):
-            raw = handle.readline(MAX_ROW_BYTES + 1)
-            if not raw:
-                break
-            if len(raw) > MAX_ROW_BYTES or number > MAX_LINES:
-                raise _error(f"line {number}", "size", "the line or the corpus is too large")
-            checker.check(_loads(raw, f"line {number}"), f"line {number}")
+        trailer = read_trailer(handle, os.fstat(handle.fileno()).st_size)
+        key = check_trailer(trailer, keys)
+        handle.seek(0)
+        body = _SignedBody(handle, trailer.offset, on_progress)
+        checker = _check_lines(body)
+    if body.sha256.hexdigest() != trailer.sha256:
+        raise _error(
+            "content",
+            "sha256",
+            "the lines before the trailer do not hash to the signed SHA-256: the corpus was"
+            " changed after it was signed",
+        )
     job_id, teacher, top_k = checker.first or (None, None, None)
     return CorpusSummary(
-        identity=identity,
-        manifest=manifest,
+        identity=checker.identity,
+        manifest=off_policy_manifest(checker.identity),
         job_id=job_id if isinstance(job_id, str) else None,
         teacher=teacher if isinstance(teacher, str) else None,
         top_k=top_k if isinstance(top_k, int) else None,
         sequences=len(checker.ids),
+        key_id=key.key_id,
+        sha256=trailer.sha256,
     )

@@ -8,7 +8,8 @@ the job.  Verified scores are committed to the cache in small batches
 together with the progress counters (and the durable cancel flag is read
 back then).  When any answer fails, every outstanding request is cancelled,
 the unflushed batch is dropped and the partial corpus deleted by the caller.
-The corpus is published atomically before the job is marked ``succeeded``.
+The corpus is signed (once, over the digest taken while writing) and published
+atomically before the job is marked ``succeeded``.
 
 Imports: standard library, numpy, ``kiln_registry.db`` and ``jobs``.
 """
@@ -76,7 +77,9 @@ class ScoringPipeline:
         job = self.claimed.job
         ctx = RowContext(job.id, job.teacher_alias, self.claimed.identity, job.top_k)
         final = result_root(self.claimed.env.config) / f"{job.id}.jsonl"
-        self.writer = await asyncio.to_thread(CorpusWriter, final, ctx)
+        signer = self.claimed.env.signer
+        assert signer is not None, "JobWorkers.start loads the corpus-signing key"
+        self.writer = await asyncio.to_thread(CorpusWriter, final, ctx, signer)
         after = -1
         while True:
             rows, hits = await asyncio.to_thread(self._page, after)

@@ -31,6 +31,7 @@ from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.leases import DeviceLeases
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository, clip_message
+from kiln_registry.jobs.signing import CorpusSigner
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
@@ -49,6 +50,8 @@ class JobEnvironment:
     probe_limiter: ProbeLimiter
     count_probe: Callable[[str, float], None] | None = None
     probe_timeout_s: float = JOB_PROBE_TIMEOUT_S
+    # The corpus-signing key; ``JobWorkers.start`` loads (or first creates) it.
+    signer: CorpusSigner | None = None
 
 
 class JobCancelled(Exception):

@@ -3,7 +3,8 @@
 ``JobWorkers.start()`` first recovers from an earlier run (jobs left
 ``probing`` or ``running`` go back to ``queued`` and start again from phase
 (a), or become ``cancelled`` when that was requested; every device lease is
-dropped; stale partial corpora are removed), then starts ``[jobs] workers``
+dropped; stale partial corpora are removed; the corpus-signing key is loaded,
+or created on the first start, beside the database), then starts ``[jobs] workers``
 asyncio tasks.  Each task claims the oldest queued job with one atomic
 UPDATE under a fresh claim token and runs it (``jobs.runner.JobRun``).
 Workers sleep until ``wake()`` (called after a submission) or a short poll
@@ -28,6 +29,7 @@ from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.runner import JobRun
 from kiln_registry.jobs.service import result_dir
+from kiln_registry.jobs.signing import key_path, load_or_create_signer
 from kiln_registry.jobs.state import JobEnvironment
 
 log = logging.getLogger("kiln_registry.jobs")
@@ -47,6 +49,7 @@ class JobWorkers:
         self._stopping = False
 
     def _recover(self) -> list[str]:
+        self.env.signer = load_or_create_signer(key_path(self.env.config.server.database))
         with unit_of_work(self.env.sessions) as session:
             requeued = JobRepository(session).requeue_interrupted()
             DeviceLeases(session, self.env.config.jobs.devices).release_all()

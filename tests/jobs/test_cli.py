@@ -57,7 +57,18 @@ def test_the_job_commands_end_to_end(
             == reg.http.get("/v1/teachers/t").json()["off_policy_manifest"]
         )
         assert run(["corpus", "verify", str(corpus), *server]) == 0
-        assert "still registered as t" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "still registered as t" in out and "signed by registry key" in out
+        keyfile = tmp_path / "keys.json"
+        assert run(["keys", "show", *server, "--json"]) == 0
+        keyfile.write_text(capsys.readouterr().out)
+        offline = ["corpus", "verify", str(corpus), "--public-key", str(keyfile)]
+        assert run([*offline, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["ok"], report["registered"], report["sequences"]) == (True, None, 2)
+        assert report["key_id"] == json.loads(keyfile.read_text())["keys"][0]["key_id"]
+        assert run([*offline, *server]) == 2
+        assert "either --public-key or --server" in capsys.readouterr().err
 
         assert run(["jobs", "cancel", job_id, *server]) == 2
         assert "job_conflict" in capsys.readouterr().err
@@ -76,11 +87,26 @@ def test_the_job_commands_end_to_end(
         assert run(["corpus", "verify", str(corpus), *server]) == 2
         assert "corpus.identity_not_registered" in capsys.readouterr().err
 
-    lines = corpus.read_text().splitlines()
-    lines[1] = lines[1].replace('"top_k":3', '"top_k":2')
-    corpus.write_text("\n".join(lines) + "\n")
+    original = corpus.read_text().splitlines()
+    assert run(offline) == 0 and "offline" in capsys.readouterr().out
+    # A well-formed edit of one score: only the signature can tell.
+    row = json.loads(original[1])
+    row["topk_logprobs"][0][-1] -= 1.0
+    edits = {
+        "corpus.sha256": [original[0], json.dumps(row, separators=(",", ":")), *original[2:]],
+        "line 2: every topk_ids row": [
+            original[0],
+            original[1].replace('"top_k":3', '"top_k":2'),
+            *original[2:],
+        ],
+        "corpus.unsigned": original[:-1],
+    }
+    for rule, lines in edits.items():
+        corpus.write_text("\n".join(lines) + "\n")
+        assert run(offline) == 2
+        assert rule in capsys.readouterr().err
     assert run(["corpus", "verify", str(corpus), "--server", "http://127.0.0.1:9"]) == 2
-    assert "corpus." in capsys.readouterr().err
+    assert "client.connect" in capsys.readouterr().err
     assert run(["jobs", "show", "not-a-job", "--server", "http://127.0.0.1:9"]) == 2
 
 

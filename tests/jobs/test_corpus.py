@@ -1,4 +1,9 @@
-"""The identity-bound corpus: its exact layout, atomic publication, and every verification rule."""
+"""The identity-bound corpus: its exact layout, atomic publication, and every verification rule.
+
+Corpora here are signed with a real Ed25519 key (``jobs.signing``) created in
+the test's directory; the signature rules themselves are in
+``test_corpus_signature.py``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.corpus import CorpusWriter, RowContext
 from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.signing import CorpusSigner, PublicKey, key_path, load_or_create_signer
 from kiln_registry.jobs.sources import token_ids_sha256
 from tests.jobs.harness import student_identity
 
@@ -30,8 +36,18 @@ def scored(n: int, seed: int = 0) -> ScoredSequence:
     return ScoredSequence(topk_ids=ids, topk_logprobs=lps, token_logprobs=own)
 
 
-def write_corpus(path: Path, seqs: list[list[int]]) -> Path:
-    writer = CorpusWriter(path, RowContext("job-" + "1" * 24, "t@x", IDENTITY, K))
+def make_signer(directory: Path) -> CorpusSigner:
+    directory.mkdir(exist_ok=True)
+    return load_or_create_signer(key_path(directory / "registry.db"))
+
+
+def keyring(signer: CorpusSigner) -> dict[str, PublicKey]:
+    return {signer.public.key_id: signer.public}
+
+
+def write_corpus(path: Path, seqs: list[list[int]], signer: CorpusSigner | None = None) -> Path:
+    signer = signer or make_signer(path.parent)
+    writer = CorpusWriter(path, RowContext("job-" + "1" * 24, "t@x", IDENTITY, K), signer)
     for i, tokens in enumerate(seqs):
         writer.write(f"s{i}", np.array(tokens, dtype=np.int32), scored(len(tokens), i))
     writer.commit()
@@ -39,8 +55,10 @@ def write_corpus(path: Path, seqs: list[list[int]]) -> Path:
 
 
 def test_layout_first_line_is_the_exact_manifest_then_one_row_per_sequence(tmp_path: Path) -> None:
-    path = write_corpus(tmp_path / "c.jsonl", [[1, 2, 3], [4]])
+    signer = make_signer(tmp_path)
+    path = write_corpus(tmp_path / "c.jsonl", [[1, 2, 3], [4]], signer)
     lines = path.read_text().splitlines()
+    assert len(lines) == 4
     assert lines[0] == off_policy_manifest(IDENTITY)
     assert lines[0].startswith('{"schema":"kiln.off-policy-distillation-manifest.v1"')
     row = json.loads(lines[1])
@@ -52,16 +70,18 @@ def test_layout_first_line_is_the_exact_manifest_then_one_row_per_sequence(tmp_p
     expected = scored(3, 0)
     assert np.array_equal(np.array(row["topk_logprobs"], dtype=np.float32), expected.topk_logprobs)
     assert json.loads(lines[2])["token_logprobs"] == []
-    summary = verify_corpus(path)
+    summary = verify_corpus(path, keyring(signer))
     assert (summary.sequences, summary.top_k, summary.teacher) == (2, K, "t@x")
+    assert summary.key_id == signer.public.key_id
     assert not list(tmp_path.glob(".*partial"))
 
 
 def test_discard_leaves_nothing(tmp_path: Path) -> None:
-    writer = CorpusWriter(tmp_path / "c.jsonl", RowContext("job-x", "t", IDENTITY, K))
+    signer = make_signer(tmp_path / "keys")
+    writer = CorpusWriter(tmp_path / "c.jsonl", RowContext("job-x", "t", IDENTITY, K), signer)
     writer.write("a", np.array([1, 2], dtype=np.int32), scored(2))
     writer.discard()
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["keys"]
 
 
 def _edit_row(index: int, change: Callable[[dict[str, Any]], None]) -> Callable[[list[str]], None]:
@@ -107,11 +127,13 @@ TAMPERING: dict[str, tuple[Callable[[list[str]], None], str]] = {
 
 @pytest.mark.parametrize("case", sorted(TAMPERING))
 def test_tampered_corpora_are_refused_naming_the_line_and_rule(tmp_path: Path, case: str) -> None:
-    path = write_corpus(tmp_path / "c.jsonl", [[1, 2, 3], [4, 5]])
+    """A structurally bad line is named first, before the signature's digest is compared."""
+    signer = make_signer(tmp_path)
+    path = write_corpus(tmp_path / "c.jsonl", [[1, 2, 3], [4, 5]], signer)
     lines = path.read_text().splitlines()
     edit, rule = TAMPERING[case]
     edit(lines)
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError) as caught:
-        verify_corpus(path)
+        verify_corpus(path, keyring(signer))
     assert caught.value.rule == f"corpus.{rule}", caught.value

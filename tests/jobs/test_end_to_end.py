@@ -11,6 +11,7 @@ from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs import cache as score_cache
 from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.leases import DeviceLeases
+from kiln_registry.jobs.signing import parse_keys
 from kiln_registry.jobs.sources import token_ids_sha256
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher
@@ -49,6 +50,7 @@ def test_a_job_runs_end_to_end_and_writes_a_verified_identity_bound_corpus(
                                    "requests": 4, "retries": 0}  # fmt: skip
         assert job["device"] == "cpu" and job["identity_revision"] == entry["identity_revision"]
         result = reg.http.get(f"/v1/jobs/{job['id']}/result")
+        keys = parse_keys(reg.http.get("/v1/keys").json(), "GET /v1/keys")
         assert result.status_code == 200
         assert result.headers["x-kiln-result-sha256"] == job["result"]["sha256"]
         with unit_of_work(reg.ctx.sessions) as session:
@@ -59,11 +61,11 @@ def test_a_job_runs_end_to_end_and_writes_a_verified_identity_bound_corpus(
     assert lines[0] == entry["off_policy_manifest"]
     corpus = tmp_path / "result.jsonl"
     corpus.write_bytes(result.content)
-    summary = verify_corpus(corpus)
+    summary = verify_corpus(corpus, keys)
     assert (summary.job_id, summary.teacher, summary.top_k) == (job["id"], "ref@tiny", 4)
     assert summary.sequences == 4
 
-    rows = [json.loads(line) for line in lines[1:]]
+    rows = [json.loads(line) for line in lines[1:-1]]  # the last line is the trailer
     assert [r["id"] for r in rows] == ["0", "1", "2", "3"]
     for row, tokens in zip(rows, SEQUENCES, strict=True):
         assert row["token_ids"] == tokens

@@ -19,7 +19,9 @@ import pytest
 
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs import cache as score_cache
+from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.leases import DeviceLeases
+from kiln_registry.jobs.signing import parse_keys
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.harness import Controlled, Registry, make_config, running_registry, student_identity
 from tests.probe.teacher_server import HASH_A, TeacherServer
@@ -196,8 +198,14 @@ def test_cached_rerun_serves_the_same_identity_only(world: World) -> None:
     assert len(first.prompts) == 3 * 2 + len(SEQS)  # registration + two jobs probe; one scoring
     body_one = world.reg.http.get(f"/v1/jobs/{one['id']}/result").text.splitlines()
     body_two = world.reg.http.get(f"/v1/jobs/{two['id']}/result").text.splitlines()
-    strip = [line.replace(one["id"], "JOB") for line in body_one]
-    assert strip == [line.replace(two["id"], "JOB") for line in body_two]
+    # Same rows; each corpus carries its own signed trailer (the job id is in the rows).
+    strip = [line.replace(one["id"], "JOB") for line in body_one[:-1]]
+    assert strip == [line.replace(two["id"], "JOB") for line in body_two[:-1]]
+    assert body_two[-1].startswith('{"kiln.corpus-trailer.v1":') and body_two[-1] != body_one[-1]
+    cached = world.tmp / "cached.jsonl"
+    cached.write_bytes(world.reg.http.get(f"/v1/jobs/{two['id']}/result").content)
+    keys = parse_keys(world.reg.http.get("/v1/keys").json(), "GET /v1/keys")
+    assert verify_corpus(cached, keys).sequences == len(SEQS)
     three = world.reg.wait(world.reg.submit("b", 4, sequences=SEQS).json()["id"])
     assert three["progress"]["cache_hits"] == 0 and three["progress"]["scored"] == len(SEQS)
     other_k = world.reg.wait(world.reg.submit("a", 3, sequences=SEQS).json()["id"])

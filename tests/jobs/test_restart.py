@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.signing import parse_keys
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port
 from tests.jobs.harness import Controlled, student_identity
@@ -95,6 +96,7 @@ def test_sigkill_mid_job_then_restart_requeues_and_finishes(
                 assert time.monotonic() < deadline, job
                 time.sleep(0.05)
             result = httpx.get(f"{url}/v1/jobs/{job_id}/result", timeout=30)
+            keys = parse_keys(httpx.get(f"{url}/v1/keys", timeout=30).json(), "GET /v1/keys")
     assert job["status"] == "succeeded", job
     assert job["attempts"] == 2
     progress = job["progress"]
@@ -104,7 +106,7 @@ def test_sigkill_mid_job_then_restart_requeues_and_finishes(
     assert not _partial_files(tmp_path)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(result.content)
-    assert verify_corpus(corpus).sequences == len(SEQUENCES)
+    assert verify_corpus(corpus, keys).sequences == len(SEQUENCES)
 
 
 def _partial_files(tmp_path: Path) -> list[Path]:

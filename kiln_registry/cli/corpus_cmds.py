@@ -1,0 +1,159 @@
+"""``kiln corpus verify`` and ``kiln keys show``: checking signed teacher corpora.
+
+``corpus verify FILE`` checks the corpus's signature trailer against the
+registry's public key (``GET /v1/keys`` from ``--server``, else
+``$KILN_SERVER``, else the default URL; or offline the saved keys document
+given with ``--public-key FILE``), then every line against its header
+identity, and then (online only) asks the registry whether that identity is
+still the one registered under the corpus's teacher alias.  An unsigned
+corpus (written before corpora were signed) is refused: there is no option
+to accept one, because a corpus without a signature cannot show that its
+scores are the teacher's; submitting the job again gives a signed corpus
+quickly from the score cache.
+
+``keys show`` prints the registry's public key: read from the key file
+beside the database named by ``--config`` (never created there: the server
+creates it on its first start), or fetched from a running registry
+(``--server``).  ``--json`` prints the ``GET /v1/keys`` document, which is
+what ``--public-key`` reads.
+
+Failures are ``KilnError``s (``kiln`` prints one line and exits 2).
+Imports: standard library, ``cli.jobs_cmds`` (the registry client), and
+lazily ``config`` and ``jobs``; never FastAPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln_registry.cli.jobs_cmds import SERVER_ENV, JobsClient, _common, _seconds
+from kiln_registry.client import DEFAULT_SERVER
+from kiln_registry.errors import InputError
+
+if TYPE_CHECKING:
+    from kiln_registry.jobs.corpus_verify import CorpusSummary
+    from kiln_registry.jobs.signing import PublicKey
+
+SubParsers = Any  # argparse's _SubParsersAction is private
+
+
+def _client(args: argparse.Namespace) -> JobsClient:
+    server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+    return JobsClient(server, timeout=args.timeout)
+
+
+def _still_registered(client: JobsClient, summary: CorpusSummary, file: Path) -> None:
+    assert summary.teacher is not None
+    entry = client.get_teacher(summary.teacher)
+    if not entry.usable or entry.off_policy_manifest != summary.manifest:
+        raise InputError(
+            f"{file}: teacher alias {summary.teacher!r} no longer serves the corpus's"
+            f" identity {summary.identity.revision()} (registered: {entry.identity_revision})",
+            rule="corpus.identity_not_registered",
+        )
+
+
+def _verify_file(file: Path, keys: dict[str, PublicKey]) -> CorpusSummary:
+    from kiln_registry.jobs.corpus_verify import verify_corpus
+
+    summary = verify_corpus(file, keys)
+    if summary.teacher is None:
+        raise InputError(f"{file}: the corpus has no rows to verify", rule="corpus.empty")
+    return summary
+
+
+def _report(args: argparse.Namespace, summary: CorpusSummary, registered: bool | None) -> None:
+    if args.json:
+        doc = {"ok": True, "file": str(args.file), "sequences": summary.sequences,
+               "job_id": summary.job_id, "teacher": summary.teacher, "top_k": summary.top_k,
+               "identity_revision": summary.identity.revision(), "key_id": summary.key_id,
+               "sha256": summary.sha256, "registered": registered}  # fmt: skip
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    where = (
+        f"still registered as {summary.teacher}"
+        if registered
+        else "offline: whether it is still registered was not checked"
+    )
+    print(
+        f"ok: {summary.sequences} sequences of job {summary.job_id} (K={summary.top_k}) belong"
+        f" to identity {summary.identity.revision()}, signed by registry key {summary.key_id},"
+        f" {where}"
+    )
+
+
+def _corpus_verify(args: argparse.Namespace) -> int:
+    from kiln_registry.jobs.signing import read_keys_file
+
+    if args.public_key is None:
+        with _client(args) as client:
+            summary = _verify_file(args.file, client.signing_keys())
+            _still_registered(client, summary, args.file)
+        _report(args, summary, True)
+        return 0
+    if args.server is not None:
+        raise InputError(
+            "--public-key verifies offline: pass either --public-key or --server",
+            rule="client.options",
+        )
+    _report(args, _verify_file(args.file, read_keys_file(args.public_key)), None)
+    return 0
+
+
+def _local_keys(config_path: Path) -> list[PublicKey]:
+    from kiln_registry.config import load_config
+    from kiln_registry.jobs.signing import key_path, load_signer
+
+    config = load_config(config_path)
+    return [load_signer(key_path(config.server.database)).public]
+
+
+def _keys_show(args: argparse.Namespace) -> int:
+    from kiln_registry.jobs.signing import keys_document
+
+    if args.config is not None:
+        if args.server is not None:
+            raise InputError("pass either --config or --server", rule="client.options")
+        keys = _local_keys(args.config)
+    else:
+        with _client(args) as client:
+            keys = list(client.signing_keys().values())
+    if args.json:
+        sys.stdout.write(json.dumps(keys_document(keys), indent=2) + "\n")
+        return 0
+    for key in keys:
+        print(f"key_id      {key.key_id}\nalgorithm   ed25519\npublic_key  {key.raw.hex()}")
+    return 0
+
+
+def register(sub: SubParsers) -> None:
+    group = sub.add_parser("corpus", help="identity-bound teacher corpora").add_subparsers(
+        dest="corpus_command", required=True, metavar="COMMAND"
+    )
+    p = group.add_parser(
+        "verify",
+        help="check a corpus's signature, every line, and that its identity is still registered",
+        parents=[_common()],
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="FILE",
+        help="verify offline against this saved GET /v1/keys document (`kiln keys show --json`)",
+    )
+    p.set_defaults(func=_corpus_verify)
+    group = sub.add_parser("keys", help="the registry's corpus-signing key").add_subparsers(
+        dest="keys_command", required=True, metavar="COMMAND"
+    )
+    p = group.add_parser("show", help="print the public key that signs corpora")
+    p.add_argument("--config", type=Path, help="read the key beside this kiln.toml's database")
+    p.add_argument("--server", metavar="URL", help=f"fetch it (default: ${SERVER_ENV})")
+    p.add_argument("--json", action="store_true", help="print the GET /v1/keys document")
+    p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per request")
+    p.set_defaults(func=_keys_show)
