@@ -58,7 +58,9 @@ def outcome(parse: Any, body: bytes, args: Args) -> tuple[object, ...]:
     rows = parsed.rows
     columns = tuple((c.typecode, c.tobytes()) for c in (rows.ids, rows.logprobs, rows.ranks))
     fields = (parsed.object, parsed.model, parsed.system_fingerprint, parsed.prompt_tokens)
-    return ("parsed", fields, parsed.choice_index, columns, rows.offsets.tobytes())
+    sources = None if rows.sources is None else rows.sources.tobytes()
+    extra = (sources, rows.distinct_ids)
+    return ("parsed", fields, parsed.choice_index, columns, rows.offsets.tobytes(), extra)
 
 
 def fast_taken(body: bytes, args: Args) -> bool:
@@ -339,3 +341,62 @@ def test_first_duplicate_reports_the_first_row_and_smallest_id() -> None:
     assert first_duplicate(wide, wide_offsets) == (0, 17)
     wide[4000] = 4000
     assert first_duplicate(wide, wide_offsets) is None
+
+
+# --- the forms Kiln's remote_teacher.rs accepts (rows are maps, ties, any finite
+# logprob <= 0 rounded to float32, decoded_token of any JSON type): both paths agree.
+
+_DECODED = st.one_of(
+    st.text(max_size=6).map(json.dumps),
+    st.sampled_from(["null", "1", "-2.5", "true", "[]", '["a",1]', "{}", '{"logprob":1,"rank":2}']),
+)
+_NUMBER = st.one_of(
+    st.floats(-40.0, 0.0, width=32).map(repr),  # vLLM's own spelling: float32-exact
+    st.decimals(-40, 0, places=3).map(lambda d: format(d, "f")),  # -0.1: rounded
+    st.integers(-40, 0).map(str),
+    st.sampled_from(["-1e-50", "-0.0", "-0", "-2.00000001", "-1.5E+1", "-16777217"]),
+)
+
+
+@st.composite
+def kiln_rows(draw: st.DrawFn) -> tuple[bytes, Args, bool]:
+    """A one-row body Kiln's parser accepts at the value level, in a drawn layout.
+
+    Returns the body, the parse arguments and whether it is in vLLM's compact
+    layout with float32-exact numbers and string tokens (then the fast path decides).
+    """
+    k = draw(st.integers(1, 6))
+    width = draw(st.sampled_from([k, k + 1]))
+    ids = draw(st.lists(st.integers(0, 511), min_size=width, max_size=width, unique=True))
+    numbers = draw(st.lists(_NUMBER, min_size=width, max_size=width))
+    ranks = draw(st.lists(st.integers(1, 600), min_size=width, max_size=width))
+    decoded = draw(st.lists(_DECODED, min_size=width, max_size=width))
+    compact = draw(st.booleans())
+    sep = "" if compact else draw(st.sampled_from([" ", "\n", "\t "]))
+    cells = []
+    for i, n, r, d in zip(ids, numbers, ranks, decoded, strict=True):
+        order = [f'"logprob":{sep}{n}', f'"rank":{sep}{r}', f'"decoded_token":{sep}{d}']
+        if not compact:
+            order = draw(st.permutations(order))
+        cells.append(f'"{i}":{sep}{{{",".join(order)}}}')
+    body = (
+        '{"object":"text_completion","model":"m","choices":[{"index":0,'
+        f'"prompt_logprobs":[null,{sep}{{{",".join(cells)}}}]}}],'
+        '"system_fingerprint":"fp","usage":{"prompt_tokens":2}}'
+    ).encode()
+    exact = all(float(np.float32(float(n))) == float(n) for n in numbers)
+    strings = all(d.startswith('"') for d in decoded)
+    args = {"expected_prompt_len": 2, "k": k, "vocab_size": 512, "max_candidates": 100}
+    return body, args, compact and exact and strings
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=kiln_rows())
+def test_kiln_accepted_forms_agree_and_vllm_layout_stays_fast(
+    case: tuple[bytes, Args, bool],
+) -> None:
+    body, args, vllm_layout = case
+    taken = fast_taken(body, args)
+    strict = outcome(parse_completion, body, args)
+    if strict[0] == "parsed":
+        assert taken == vllm_layout
