@@ -193,6 +193,7 @@ class RegistryClient:
         credential_id: str | None = None,
         notes: str | None = None,
         adapter: str | None = None,
+        launch_profile: str | None = None,
     ) -> TeacherEntry:
         """``POST /v1/teachers``; fields left as None are not sent (the server validates)."""
         fields = {
@@ -204,6 +205,7 @@ class RegistryClient:
             "credential_id": credential_id,
             "notes": notes,
             "adapter": adapter,
+            "launch_profile": launch_profile,
         }
         body = {name: value for name, value in fields.items() if value is not None}
         return self._call("POST", "/v1/teachers", TeacherEntry, body=body)

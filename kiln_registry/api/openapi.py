@@ -3,7 +3,9 @@
 FastAPI adds a ``422`` response (and its ``HTTPValidationError`` schema) to
 every operation with parameters or a body; this server answers a request that
 fails validation with ``400`` and the error envelope instead (``api.errors``),
-which each operation's own error list already names.  ``install_openapi``
+which each operation's own error list already names.  FastAPI also files an
+error response under the route's media type (``text/plain`` for
+``/metrics``); the envelope is always ``application/json``.  ``install_openapi``
 replaces ``app.openapi`` with a generator that drops those entries and caches
 the result as FastAPI does.  Imports FastAPI only.
 """
@@ -23,11 +25,22 @@ def corrected(schema: dict[str, Any]) -> dict[str, Any]:
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             if isinstance(operation, dict):
-                operation.get("responses", {}).pop("422", None)
+                responses = operation.get("responses", {})
+                responses.pop("422", None)
+                for response in responses.values():
+                    _envelope_is_json(response)
     components = schema.get("components", {}).get("schemas", {})
     for name in UNUSED_SCHEMAS:
         components.pop(name, None)
     return schema
+
+
+def _envelope_is_json(response: dict[str, Any]) -> None:
+    if "x-kiln-error-codes" not in response:
+        return
+    content = response.get("content", {})
+    if "application/json" not in content and len(content) == 1:
+        response["content"] = {"application/json": next(iter(content.values()))}
 
 
 def install_openapi(app: FastAPI) -> None:
