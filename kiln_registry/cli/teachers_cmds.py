@@ -150,6 +150,7 @@ def _register(args: argparse.Namespace) -> int:
             credential_id=args.credential_id,
             notes=args.notes,
             adapter=args.adapter,
+            launch_profile=args.launch_profile,
         )
     if args.json:
         _emit_json(entry.model_dump(mode="json", by_alias=True))
@@ -291,11 +292,12 @@ def _add_register(group: SubParsers) -> None:
     p.add_argument("--alias", required=True)
     p.add_argument("--kind", choices=KINDS, default="remote")
     p.add_argument("--provider", help="remote protocol (only 'vllm' can prove an identity)")
-    p.add_argument("--model-id", help="served model id (remote) or local profile name")
+    p.add_argument("--model-id", help="served model id (remote, fixture); ignored for local")
     p.add_argument("--url", help="teacher base URL (remote)")
     p.add_argument("--credential-id", help="a [teachers.credentials.<id>] of the server")
     p.add_argument("--notes")
-    p.add_argument("--adapter", help="static adapter name (local)")
+    p.add_argument("--adapter", help="local: an adapter directory of the student's adapter_dir")
+    p.add_argument("--launch-profile", help="local: a [teachers.local.<profile>] instead")
 
 
 def _add_parity(group: SubParsers) -> None:

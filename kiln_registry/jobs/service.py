@@ -90,6 +90,14 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
             f"teacher alias {alias!r} is not registered",
             hint="register the teacher first (POST /v1/teachers)",
         )
+    if row.kind == "fixture":
+        # Kiln's OPD scores a fixture with a synthetic uniform source; jobs here produce
+        # identity-bound corpora from a teacher endpoint, which a fixture does not have.
+        raise IdentityRequired(
+            f"teacher alias {alias!r} is a fixture: it has no endpoint and no identity to"
+            " score a job with",
+            hint="register a remote or local teacher for scoring jobs",
+        )
     usable = (
         row.status == "verified"
         and row.identity_json is not None

@@ -89,29 +89,30 @@ def test_register_list_show_probe_receipts_delete(
         assert http.post("/v1/teachers", json=remote("tiny@vllm", teacher_url)).status_code == 200
 
 
-def test_fixture_teacher_is_configured_and_never_usable(registry: RegistryServer) -> None:
+def test_fixture_teacher_is_configured_and_usable(registry: RegistryServer) -> None:
+    """As Kiln reports a fixture (teachers.rs teacher_entry); see tests/kiln_conformance."""
     with registry.client() as http:
         body = {"alias": "demo-fixture", "kind": "fixture", "model_id": "fixture-model"}
         response = http.post("/v1/teachers", json=body)
         assert response.status_code == 200, response.text
         entry = response.json()
-        assert entry["status"] == "configured" and entry["usable"] is False
-        assert entry["capabilities"] is None and entry["identity_revision"] is None
-        assert entry["spec"]["model_id"] == "fixture-model" and entry["spec"]["identity"] is None
+        assert entry["status"] == "configured" and entry["usable"] is True
+        assert entry["capabilities"] is None and "identity_revision" not in entry
+        assert entry["spec"]["model_id"] == "fixture-model" and "identity" not in entry["spec"]
         probe = http.post("/v1/teachers/demo-fixture/probe")
         assert probe.status_code == 409
         assert error_of(probe)["code"] == "teacher_identity_required"
 
 
-def test_local_kind_is_refused_clearly(registry: RegistryServer) -> None:
+def test_local_kind_with_a_missing_adapter_is_refused_clearly(registry: RegistryServer) -> None:
     with registry.client() as http:
-        body = {"alias": "local-one", "kind": "local", "model_id": "teacher-large"}
+        body = {"alias": "local-one", "kind": "local", "adapter": "prior-self"}
         response = http.post("/v1/teachers", json=body)
+        assert http.get("/v1/teachers").json() == {"teachers": []}
     assert response.status_code == 400
     error = error_of(response)
     assert error["code"] == "teacher_registration_invalid"
-    assert "kind 'local'" in error["message"] and "teacher.kind_local" in error["message"]
-    assert "kind 'remote'" in error["hint"]
+    assert "teacher adapter `prior-self` not found" in error["message"]
 
 
 def _refused_without_trace(

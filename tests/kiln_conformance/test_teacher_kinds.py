@@ -93,6 +93,20 @@ def test_fixture_is_configured_and_usable_as_kiln_reports_it(registry: RegistryS
         assert probe.status_code == 409 and _error(probe)["code"] == "teacher_identity_required"
 
 
+def test_a_job_naming_a_fixture_is_refused_clearly(registry: RegistryServer) -> None:
+    """Kiln scores a fixture with a synthetic source; jobs here need a pinned identity."""
+    with registry.client() as http:
+        body = {"alias": "fixture@test", "kind": "fixture", "model_id": "test"}
+        assert http.post("/v1/teachers", json=body).status_code == 200
+        job = {"kind": "teacher_scoring", "teacher": "fixture@test", "top_k": 1,
+               "sequences": [[1, 2, 3]]}  # fmt: skip
+        response = http.post("/v1/jobs", json=job)
+        assert response.status_code == 409, response.text
+        assert _error(response)["code"] == "teacher_identity_required"
+        assert "is a fixture" in _error(response)["message"]
+        assert http.get("/v1/jobs").json()["jobs"] == []
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [

@@ -66,7 +66,7 @@ def test_prompt_logprobs_equal_the_reference_teacher(
 
 def test_local_teacher_registers_through_the_server(registry: Registry) -> None:
     snapshots, caches = registry.local_roots
-    body = {"alias": "local-tiny", "kind": "local", "provider": "vllm", "model_id": LOCAL_PROFILE}
+    body = {"alias": "local-tiny", "kind": "local", "launch_profile": LOCAL_PROFILE}
     with registry.client() as http:
         response = http.post("/v1/teachers", json=body)
         assert response.status_code == 200, response.text + registry.log.read_text()[-3000:]
