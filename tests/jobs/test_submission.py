@@ -126,7 +126,7 @@ def test_corpus_paths_outside_the_root_are_refused_symlinks_too(
 
 def test_teacher_and_request_refusals(setup: tuple[Registry, Path]) -> None:
     reg, _ = setup
-    _refused(reg, 404, "teacher_not_registered", teacher="nobody", sequences=[[1]])
+    _refused(reg, 400, "teacher_not_registered", teacher="nobody", sequences=[[1]])
     _refused(reg, 409, "teacher_identity_required", teacher="fix", sequences=[[1]])
     error = _refused(reg, 400, "job_invalid", top_k=9, sequences=[[1]])
     assert "job.top_k" in str(error["message"])
