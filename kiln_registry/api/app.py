@@ -22,6 +22,7 @@ import httpx
 from fastapi import FastAPI
 
 from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.deadline import RequestDeadline
 from kiln_registry.api.errors import install_error_handlers
 from kiln_registry.api.fast_lookup import CachedEntryLookup
 from kiln_registry.api.limits import RequestBodyLimit
@@ -81,7 +82,9 @@ def create_app(
     app.state.ctx = ctx
     install_error_handlers(app)
     if ctx is not None:
-        # Innermost: every middleware added later (outer) still sees cached lookups.
+        # Routed requests only: a cached lookup (next layer out) is answered at once.
+        app.add_middleware(RequestDeadline, seconds=ctx.config.server.request_timeout_secs)
+        # Every middleware added later (outer) still sees cached lookups.
         app.add_middleware(CachedEntryLookup, lookup=partial(cached_teacher_json, ctx))
     app.add_middleware(RequestBodyLimit)
     app.include_router(teachers.router)

@@ -7,6 +7,8 @@ The envelope and message are Kiln's (crates/kiln-server/src/error.rs,
 from __future__ import annotations
 
 import asyncio
+import socket
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -16,7 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from kiln_registry.api.deadline import RequestDeadline
-from tests.api.support import _uvicorn_thread
+from kiln_registry.testing.tiny_models import TinyModel
+from tests.api.support import _uvicorn_thread, remote, run_registry, write_config
 
 
 async def _slow(request: Request) -> JSONResponse:
@@ -46,3 +49,20 @@ def test_a_request_past_the_deadline_gets_kilns_408() -> None:
         # A launch has its own deadlines (ready_deadline_s, local_launch_deadline_s).
         launch = http.post(base + "/v1/teachers/a/launch", params={"s": "1.5"})
         assert launch.status_code == 200
+
+
+def test_the_registry_applies_request_timeout_secs(tmp_path: Path, tiny_model: TinyModel) -> None:
+    """A registration whose teacher never answers is cut at the configured deadline."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections complete in the backlog; nothing is ever read or answered
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    config = write_config(tmp_path, student=tiny_model.path, server={"request_timeout_secs": 1})
+    try:
+        with run_registry(config) as server, server.client() as http:
+            late = http.post("/v1/teachers", json=remote("silent@vllm", url))
+            assert late.status_code == 408
+            assert late.json()["error"]["code"] == "request_timeout"
+            assert http.get("/v1/teachers/silent@vllm").status_code == 404  # nothing persisted
+    finally:
+        silent.close()
