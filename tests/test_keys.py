@@ -35,7 +35,7 @@ def _toml(tmp_path: Path, student: Path) -> Path:
 def _secret_forms(path: Path) -> list[bytes]:
     """The private key as raw bytes, hex and base64 (the PEM body)."""
     key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    raw = key.private_bytes(  # type: ignore[union-attr]
+    raw = key.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
     body = b"".join(path.read_bytes().splitlines()[1:-1])

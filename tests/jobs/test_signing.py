@@ -30,7 +30,7 @@ def _path(tmp_path: Path) -> Path:
 
 def _private_raw(signer: CorpusSigner, path: Path) -> bytes:
     key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    return key.private_bytes(  # type: ignore[union-attr]
+    return key.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
 
@@ -93,6 +93,11 @@ def test_other_unusable_key_files_are_refused(tmp_path: Path) -> None:
         load_or_create_signer(path)
     assert caught.value.rule in ("signing.file", "signing.open")
     path.rmdir()
+    os.mkfifo(path, 0o600)  # opened without blocking, then refused
+    with pytest.raises(ConfigError) as caught:
+        load_or_create_signer(path)
+    assert caught.value.rule == "signing.file"
+    path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     os.write(fd, b"not a key")
     os.close(fd)
