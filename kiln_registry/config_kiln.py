@@ -31,6 +31,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    model_validator,
 )
 
 KILN_FROZEN = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
@@ -126,6 +127,12 @@ class KilnMemoryConfig(BaseModel):
     cuda_graphs: StrictBool | None = None
 
 
+def _tracked_covers_queued(queued: int | None, tracked: int | None, default_queued: int) -> None:
+    """Kiln: ``max_tracked_jobs`` must be at least ``max_queued_jobs`` (defaults 32 and 1024)."""
+    if (tracked if tracked is not None else 1024) < (queued or default_queued):
+        raise ValueError("max_tracked_jobs must be at least max_queued_jobs")
+
+
 class KilnTrainingConfig(BaseModel):
     model_config = KILN_FROZEN
 
@@ -136,6 +143,11 @@ class KilnTrainingConfig(BaseModel):
     max_queued_jobs: Positive | None = None
     max_tracked_jobs: Positive | None = None
     tracked_job_ttl_secs: Positive | None = None
+
+    @model_validator(mode="after")
+    def _tracked(self) -> KilnTrainingConfig:
+        _tracked_covers_queued(self.max_queued_jobs, self.max_tracked_jobs, 32)
+        return self
 
 
 class KilnLoggingConfig(BaseModel):
@@ -193,6 +205,11 @@ class KilnEvalConfig(BaseModel):
     max_queued_jobs: Positive | None = None
     max_tracked_jobs: Positive | None = None
     webhook_url: Annotated[str, AfterValidator(_webhook)] | None = None
+
+    @model_validator(mode="after")
+    def _tracked(self) -> KilnEvalConfig:
+        _tracked_covers_queued(self.max_queued_jobs, self.max_tracked_jobs, 32)
+        return self
 
 
 class KilnRequestLogConfig(BaseModel):

@@ -232,6 +232,9 @@ def test_keys_neither_side_knows_are_refused_by_name(
         ("eval.webhook_url", "[eval]\nwebhook_url = 'not a URL'"),
         ("agent.max_concurrent_runs", "[agent]\nmax_concurrent_runs = 0"),
         ("server.request_timeout_secs", "[server]\nrequest_timeout_secs = 0"),
+        # config.rs validate(): max_tracked_jobs must be at least max_queued_jobs.
+        ("training", "[training]\nmax_queued_jobs = 8\nmax_tracked_jobs = 4"),
+        ("eval", "[eval]\nmax_queued_jobs = 2000"),
     ],
 )
 def test_values_kiln_refuses_are_refused(tmp_path: Path, field: str, text: str) -> None:
