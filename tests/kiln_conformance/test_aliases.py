@@ -17,6 +17,7 @@ teacher on loopback.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -26,8 +27,15 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kiln_registry.aliases import MAX_ALIAS_CHARS, alias_path_segment
+from kiln_registry.aliases import (
+    ALIAS_JSON_PATTERN,
+    MAX_ALIAS_CHARS,
+    alias_path_segment,
+    alias_problem,
+)
 from kiln_registry.client import RegistryClient, RegistryClientError
 from kiln_registry.errors import InputError
 from kiln_registry.reference_teacher.app import create_reference_app
@@ -234,3 +242,10 @@ def test_the_cli_encodes_a_slash_alias(
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["spec"]["alias"] == hf_alias
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.from_regex(ALIAS_JSON_PATTERN, fullmatch=True)))
+def test_the_openapi_pattern_states_the_same_rule(alias: str) -> None:
+    """The pattern in the OpenAPI document accepts exactly what the server accepts."""
+    assert (re.fullmatch(ALIAS_JSON_PATTERN, alias) is not None) == (alias_problem(alias) is None)
