@@ -15,6 +15,7 @@ import ssl
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 from kiln_registry.identity.document import TeacherIdentity
 
@@ -65,7 +66,7 @@ class TeacherServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1/completions"
 
-    def __enter__(self) -> TeacherServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         assert self._ready.wait(10), "teacher server did not start"
         return self
