@@ -4,8 +4,10 @@ Each operation lists the statuses it can answer with the error envelope and,
 for each status, the codes it can carry (``x-kiln-error-codes``, also named
 in the description).  Codes and statuses follow Kiln's
 ``crates/kiln-server/src/error.rs`` where Kiln has the same failure.  Every
-operation can also answer ``500 internal_error``; a body over the size bound
-is ``413 request_too_large`` (``api.limits``).  Imports the schemas only.
+operation can also answer ``500 internal_error`` and, except the local
+relaunch, ``408 request_timeout`` past ``request_timeout_secs``
+(``api.deadline``); a body over the size bound is ``413 request_too_large``
+(``api.limits``).  Imports the schemas only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from kiln_registry.api.schemas import ErrorResponse
 DESCRIPTIONS: dict[int, str] = {
     400: "Invalid request",
     404: "Not found",
+    408: "Request timed out (`request_timeout_secs`)",
     409: "Conflict",
     413: "Request body too large",
     500: "Internal error",
@@ -30,9 +33,13 @@ LAUNCH_400 = ("launcher_policy_refused", "config_invalid", "teacher_identity_inv
 PROBE = {502: ("teacher_identity_probe_failed",), 503: ("teacher_identity_probe_busy",)}
 
 
-def error_responses(table: Mapping[int, Sequence[str]]) -> dict[int | str, dict[str, Any]]:
-    """FastAPI ``responses=`` for the statuses and codes in ``table`` (plus 500)."""
+def error_responses(
+    table: Mapping[int, Sequence[str]], *, deadline: bool = True
+) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` for the statuses and codes in ``table`` (plus 500 and 408)."""
     full: dict[int, Sequence[str]] = {**table, 500: ("internal_error", *table.get(500, ()))}
+    if deadline:
+        full[408] = ("request_timeout",)
     out: dict[int | str, dict[str, Any]] = {}
     for status in sorted(full):
         codes = list(dict.fromkeys(full[status]))
@@ -72,7 +79,8 @@ LAUNCH_TEACHER = error_responses(
         409: ("teacher_identity_mismatch", "teacher_launch_conflict", "teacher_identity_required"),
         500: ("launcher_failed",),
         **PROBE,
-    }
+    },
+    deadline=False,  # bounded by ready_deadline_s and local_launch_deadline_s instead
 )
 RECEIPTS = error_responses({400: ("invalid_request",)})
 SUBMIT_JOB = error_responses(
