@@ -2,21 +2,30 @@
 
 Owns ``accelerator_identity``: the ``type``, ``driver`` and ``devices`` that
 an inference config binds, measured from the real runtime in the current
-process and environment (device-visibility variables apply):
+process and environment (device-visibility variables apply), with the same
+values Kiln's launcher (``scripts/vllm_teacher.py``, ``probe_accelerator``)
+measures, so one host gives one ``accelerator`` in both:
 
-* cuda / rocm: when torch is importable and ``torch.cuda.is_available()``;
-  ROCm when ``torch.version.hip`` is set.  ``driver`` is
-  ``cuda-runtime:<torch.version.cuda>`` or ``hip:<torch.version.hip>``; each
-  visible device gives its name, ``sm_<major><minor>`` (CUDA) or
-  ``gcnArchName`` (ROCm) and total memory.
-* xpu: ``torch.xpu.is_available()``; metal: ``torch.backends.mps``.
-* cpu otherwise: driver ``cpu:<machine>``, one device 0 named by
-  ``/proc/cpuinfo``'s ``model name`` with ``MemTotal`` bytes.
+* cuda: driver ``nvidia:<driver>;cuda-runtime:<torch.version.cuda>``, where
+  ``<driver>`` is ``nvidia-smi``'s driver versions (distinct, sorted, comma
+  joined), else ``/proc/driver/nvidia/version``, else ``kernel-<release>``;
+  each visible device gives its name, ``sm_<major><minor>`` and total memory.
+* rocm (``torch.version.hip`` set): driver
+  ``amdgpu:<module version or kernel-release>;hip-runtime:<hip>``,
+  architecture ``gcnArchName``.
+* xpu: driver ``level-zero:unknown;kernel:<release>``; metal: driver
+  ``macos:<version>``, one device with memory 0.
+* cpu otherwise: driver ``<system>:<release>``, one device 0 named as Kiln
+  names it (``/proc/cpuinfo``'s ``model name`` when that file is at most 512
+  bytes, else ``platform.processor()`` or the machine), architecture the
+  machine, memory 0.
 
-Also runnable as ``python -m kiln_registry.launcher.accelerator``, which
-prints the identity as one line of canonical JSON: the launcher measures it
-that way under the exact child environment, so torch is never imported into
-the launcher (or a registry server that drives it).
+Every value is checked as an identity input runtime value (1 to 512 UTF-8
+bytes, no C0 or DEL) and refused, never cleaned.  Also runnable as
+``python -m kiln_registry.launcher.accelerator``, which prints the identity
+as one line of canonical JSON: the launcher measures it that way under the
+exact child environment, so torch is never imported into the launcher (or a
+registry server that drives it).
 
 Imports: standard library, ``kiln_registry.errors`` and
 ``kiln_registry.identity``; torch only lazily inside ``accelerator_identity``.
@@ -26,23 +35,24 @@ Nothing happens at import time.
 from __future__ import annotations
 
 import importlib.util
-import os
 import platform
+import subprocess
 import sys
 from typing import Any
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.errors import IdentityError, LauncherError
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.input_manifest import (
     MAX_DEVICES,
     Accelerator,
     AcceleratorDevice,
+    check_runtime_text,
 )
 
-MAX_PROC_FILE_BYTES = 1024 * 1024
-MAX_TEXT_CHARS = 256
+MAX_SMALL_BYTES = 512
 CPUINFO = "/proc/cpuinfo"
-MEMINFO = "/proc/meminfo"
+AMDGPU_VERSION = "/sys/module/amdgpu/version"
+NVIDIA_PROC_VERSION = "/proc/driver/nvidia/version"
 
 
 def accelerator_identity(*, use_torch: bool = True) -> Accelerator:
@@ -56,15 +66,40 @@ def accelerator_identity(*, use_torch: bool = True) -> Accelerator:
 
 
 def cpu_accelerator() -> Accelerator:
-    """The host CPU as a single device (index 0)."""
-    machine = _text(platform.machine() or "unknown")
-    device = AcceleratorDevice(
-        index=0,
-        name=_cpu_model_name() or machine,
-        architecture=machine,
-        total_memory_bytes=_total_memory_bytes(),
-    )
-    return Accelerator(type="cpu", driver=f"cpu:{machine}", devices=(device,))
+    """The host CPU as a single device (index 0), named as Kiln names it."""
+    machine = platform.machine() or "unknown"
+    name = platform.processor() or platform.machine() or "unknown CPU"
+    for line in (_read_small(CPUINFO) or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("model name", "Hardware") and value.strip():
+            name = value.strip()
+            break
+    driver = f"{platform.system()}:{platform.release()}"
+    return _accelerator("cpu", driver, [(name, machine, 0)])
+
+
+def _accelerator(kind: str, driver: str, devices: list[tuple[str, str, int]]) -> Accelerator:
+    """Validate measured values as identity input values (refused, never cleaned)."""
+    _device_count(len(devices), kind)
+    try:
+        return Accelerator(
+            kind,
+            check_runtime_text(driver, "accelerator.driver"),
+            tuple(
+                AcceleratorDevice(
+                    index,
+                    check_runtime_text(name, f"accelerator.devices[{index}].name"),
+                    check_runtime_text(arch, f"accelerator.devices[{index}].architecture"),
+                    memory,
+                )
+                for index, (name, arch, memory) in enumerate(devices)
+            ),
+        )
+    except IdentityError as exc:
+        raise LauncherError(
+            f"the measured accelerator is not a valid identity value: {exc.message}",
+            rule="accelerator.value",
+        ) from None
 
 
 def _torch() -> Any:
@@ -86,7 +121,9 @@ def _torch_accelerator(torch: Any) -> Accelerator | None:
             return _cuda_like(torch)
         xpu = getattr(torch, "xpu", None)
         if xpu is not None and xpu.is_available():
-            return _xpu(torch)
+            driver = f"level-zero:unknown;kernel:{platform.release()}"
+            count = int(xpu.device_count())
+            return _accelerator("xpu", driver, _devices(xpu, count, "xpu"))
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():
             return _metal()
@@ -111,80 +148,81 @@ def _device_count(count: int, what: str) -> int:
 
 def _cuda_like(torch: Any) -> Accelerator:
     hip = getattr(torch.version, "hip", None)
-    count = _device_count(int(torch.cuda.device_count()), "torch.cuda")
-    devices = []
-    for index in range(count):
-        props = torch.cuda.get_device_properties(index)
-        if hip:
-            arch = str(getattr(props, "gcnArchName", "") or "unknown")
-        else:
-            arch = f"sm_{props.major}{props.minor}"
-        devices.append(
-            AcceleratorDevice(index, _text(props.name), _text(arch), int(props.total_memory))
-        )
+    kind = "rocm" if hip else "cuda"
+    count = _device_count(int(torch.cuda.device_count()), f"torch.cuda ({kind})")
+    devices = _devices(torch.cuda, count, kind)
     if hip:
-        return Accelerator("rocm", _text(f"hip:{hip}"), tuple(devices))
-    return Accelerator("cuda", _text(f"cuda-runtime:{torch.version.cuda}"), tuple(devices))
+        module = _read_small(AMDGPU_VERSION) or f"kernel-{platform.release()}"
+        return _accelerator(kind, f"amdgpu:{module};hip-runtime:{hip}", devices)
+    runtime = getattr(torch.version, "cuda", None) or "unknown"
+    return _accelerator(kind, f"nvidia:{_nvidia_driver()};cuda-runtime:{runtime}", devices)
 
 
-def _xpu(torch: Any) -> Accelerator:
-    count = _device_count(int(torch.xpu.device_count()), "torch.xpu")
-    devices = []
+def _devices(api: Any, count: int, kind: str) -> list[tuple[str, str, int]]:
+    """Name, architecture and memory of each device, as Kiln's probe reads them."""
+    found = []
     for index in range(count):
-        props = torch.xpu.get_device_properties(index)
-        arch = str(getattr(props, "platform_name", "") or "xpu")
-        devices.append(
-            AcceleratorDevice(index, _text(props.name), _text(arch), int(props.total_memory))
-        )
-    driver = getattr(torch.version, "xpu", None) or torch.__version__
-    return Accelerator("xpu", _text(f"xpu:{driver}"), tuple(devices))
+        props = api.get_device_properties(index)
+        name = getattr(props, "name", None) or _or_none(api.get_device_name, index)
+        if kind == "rocm":
+            arch = getattr(props, "gcnArchName", None)
+        else:
+            major, minor = getattr(props, "major", None), getattr(props, "minor", None)
+            both = isinstance(major, int) and isinstance(minor, int)
+            arch = f"sm_{major}{minor}" if both else None
+        if not arch:
+            capability = _or_none(api.get_device_capability, index)
+            arch = f"{kind}_{capability[0]}{capability[1]}" if capability else None
+        arch = arch or platform.machine() or "unknown"
+        memory = int(getattr(props, "total_memory", 0))
+        found.append((str(name or f"{kind}-{index}"), str(arch), memory))
+    return found
+
+
+def _or_none(call: Any, index: int) -> Any:
+    try:
+        return call(index)
+    except Exception:  # an optional fallback, as in Kiln's probe
+        return None
+
+
+def _nvidia_driver() -> str:
+    text = _command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if text is not None:
+        return ",".join(sorted(set(text.splitlines())))
+    return _read_small(NVIDIA_PROC_VERSION) or f"kernel-{platform.release()}"
 
 
 def _metal() -> Accelerator:
-    machine = _text(platform.machine() or "arm64")
-    device = AcceleratorDevice(0, "Apple MPS", machine, _total_memory_bytes())
-    return Accelerator("metal", f"metal:{machine}", (device,))
+    name = _command_output(["sysctl", "-n", "machdep.cpu.brand_string"])
+    name = name or platform.processor() or "Apple GPU"
+    driver = f"macos:{platform.mac_ver()[0] or platform.release()}"
+    return _accelerator("metal", driver, [(name, platform.machine() or "unknown", 0)])
 
 
-def _text(value: str) -> str:
-    """Printable, bounded text for a device field (never empty)."""
-    cleaned = "".join(ch for ch in str(value) if ch.isprintable()).strip()
-    return cleaned[:MAX_TEXT_CHARS] or "unknown"
-
-
-def _read_proc(path: str) -> str | None:
+def _read_small(path: str) -> str | None:
+    """A file's stripped text, or None when unreadable, empty or over 512 bytes (Kiln's rule)."""
     try:
         with open(path, "rb") as handle:
-            data = handle.read(MAX_PROC_FILE_BYTES)
+            data = handle.read(MAX_SMALL_BYTES + 1)
     except OSError:
         return None
-    return data.decode("utf-8", "replace")
+    if not data or len(data) > MAX_SMALL_BYTES:
+        return None
+    return data.decode("utf-8", "replace").strip() or None
 
 
-def _cpu_model_name() -> str | None:
-    text = _read_proc(CPUINFO)
-    for line in (text or "").splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() in ("model name", "Model", "cpu model") and value.strip():
-            return _text(value)
-    return None
-
-
-def _total_memory_bytes() -> int:
-    for line in (_read_proc(MEMINFO) or "").splitlines():
-        if line.startswith("MemTotal:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1]) * (1024 if parts[-1] == "kB" else 1)
+def _command_output(argv: list[str]) -> str | None:
+    """A command's stripped stdout (3 s, at most 512 bytes, status 0), else None."""
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 0
-    if total <= 0:
-        raise LauncherError(
-            "cannot determine the host memory size", rule="accelerator.memory_unknown"
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=3, check=False
         )
-    return total
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0 or len(done.stdout) > MAX_SMALL_BYTES:
+        return None
+    return done.stdout.decode("utf-8", "replace").strip() or None
 
 
 def main() -> None:

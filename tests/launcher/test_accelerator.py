@@ -11,14 +11,17 @@ from kiln_registry.launcher.recheck import measure_accelerator
 
 
 def test_cpu_identity_is_real_and_valid() -> None:
+    """The values Kiln's probe_accelerator (scripts/vllm_teacher.py) gives a CPU host."""
     found = cpu_accelerator()
     assert found.type == "cpu"
-    assert found.driver == f"cpu:{platform.machine()}"
+    assert found.driver == f"{platform.system()}:{platform.release()}"
     assert len(found.devices) == 1
     device = found.devices[0]
     assert device.index == 0 and device.architecture == platform.machine()
-    meminfo = Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()
-    assert device.total_memory_bytes == int(meminfo[0]) * 1024
+    assert device.total_memory_bytes == 0
+    cpuinfo = Path("/proc/cpuinfo").read_bytes()
+    if len(cpuinfo) > 512:  # Kiln reads at most 512 bytes, else falls back
+        assert device.name == (platform.processor() or platform.machine())
     assert parse_accelerator(found.to_dict(), "test") == found
 
 
