@@ -2,15 +2,16 @@
 
 Owns the row life cycle of ``kind: local`` aliases:
 
-* Registration (``POST /v1/teachers`` with ``kind: local``; ``model_id``
-  names the ``[teachers.local.<profile>]`` entry) inserts a placeholder row
-  with the internal status ``launching`` (published as ``unavailable``, never
-  usable, no identity) so the alias is claimed and ``status_message`` shows
-  progress; the manager launches; the dual probes run against
-  ``http://127.0.0.1:<port>/v1``; the probed identity must be the one the
-  launcher computed; only then is the verified row (identity, receipt)
-  written, replacing the placeholder in one transaction.  Any failure stops
-  the teacher and deletes the placeholder: no trace is left.
+* Registration (``POST /v1/teachers``, ``kind: local``): Kiln's shape (no
+  ``launch_profile``) serves the loaded student, plus ``adapter`` from its
+  adapter directory, through a generated profile (``local.student``);
+  ``launch_profile`` names a ``[teachers.local.<profile>]`` instead.  A
+  placeholder row (internal status ``launching``, published ``unavailable``)
+  claims the alias and shows progress; the manager launches; the probes run
+  against ``http://127.0.0.1:<port>/v1``; the probed identity must be the
+  launcher's; only then is the verified row (identity, receipt) written in
+  one transaction.  Any failure stops the teacher and deletes the
+  placeholder: no trace is left.
 * Relaunch (``POST /v1/teachers/{alias}/launch``) pins the stored identity:
   the launcher's identity must equal it before vLLM is spawned, and the
   probes are pinned to it; a mismatch leaves the alias ``unavailable`` with
@@ -22,9 +23,9 @@ Owns the row life cycle of ``kind: local`` aliases:
   interrupted registration is deleted; rows without an identity (legacy
   imports) are left alone.
 
-``LocalRegistryContext`` carries the manager; ``close()`` drains it.
-Imports the API context, entries, schemas and the teacher service, the
-database repository and ``kiln_registry.local.manager``; never FastAPI.
+``LocalRegistryContext`` carries the manager; ``close()`` drains it.  Imports
+the API context, schemas, the teacher service, the database repository and
+``kiln_registry.local``; never FastAPI.
 """
 
 from __future__ import annotations
