@@ -33,7 +33,6 @@ _ZEROS = np.uint64(0x3030303030303030)
 _SIXES = np.uint64(0x0606060606060606)
 _KEEP = np.array([0] + [(1 << 64) - (1 << (8 * (8 - n))) for n in range(1, 9)], dtype=np.uint64)
 _LANE_DIGITS = np.array([16, 8, 0, 0], dtype=np.int64)
-_LANE_SHIFTS = np.array([1, 1 << 8, 1 << 16, 1 << 24], dtype=np.uint64)
 _POW10 = np.array([10**n for n in range(20)], dtype=np.uint64)
 _POW10_F = np.array([10.0**n for n in range(23)], dtype=np.float64)
 _POW5 = np.array([5**n for n in range(18)], dtype=np.uint64)
@@ -81,24 +80,25 @@ def _bit_index(x: U64) -> I64:
 
 
 def _mantissas(
-    number: Bytes, dot: I64, int_len: I64, frac_len: I64
+    number: Bytes, values: U64, dot: I64, int_len: I64, frac_len: I64
 ) -> tuple[U64, npt.NDArray[np.bool_]]:
     """(integer part * 10**frac_len + fraction, fits in 19 digits) for each number.
 
     ``number`` holds each number right-aligned in its first 32 bytes; the
     integer part is read from the 8 bytes ending at column ``dot`` (>= 8) and
-    up to 24 fraction digits from lanes 1..3.  Rows outside the fast set come
-    out as garbage and are masked by the caller.
+    up to 24 fraction digits from lanes 1..3 of ``values`` (the first four lanes
+    XOR ``'0'``: digit values wherever the bytes are digits).  Rows outside the
+    fast set come out as garbage and are masked by the caller.
     """
     rows, width = number.shape
     unaligned = np.ndarray((rows * width - 7,), dtype="<u8", buffer=number, strides=(1,))
     lanes = np.empty((rows, 4), dtype=np.uint64)
-    lanes[:, :3] = number.view(np.uint64)[:, 1:4]
-    lanes[:, 3] = unaligned[np.arange(rows) * width + _clamp(dot, 8, 32) - 8]
+    lanes[:, :3] = values[:, 1:4]
+    lanes[:, 3] = unaligned[np.arange(rows) * width + _clamp(dot, 8, 32) - 8] ^ _ZEROS
     keep = _KEEP[
         _clamp(np.column_stack((frac_len, frac_len, frac_len, int_len)) - _LANE_DIGITS, 0, 8)
     ]
-    parts = _swar8(((lanes & keep) | (_ZEROS & ~keep)) - _ZEROS)
+    parts = _swar8(lanes & keep)
     frac = (parts[:, 0] * np.uint64(10**8) + parts[:, 1]) * np.uint64(10**8) + parts[:, 2]
     return parts[:, 3] * _POW10[_clamp(frac_len, 0, 19)] + frac, parts[:, 0] < 1000
 
@@ -168,13 +168,15 @@ def _pow10_ld() -> npt.NDArray[np.longdouble]:
     return np.array([np.longdouble(10**n) for n in range(25)], dtype=np.longdouble)
 
 
-def _nondigit_bits(lanes: U64) -> U64:
-    """Bit ``c`` set where byte ``c`` of the row's 4 lanes is not an ASCII digit."""
+def _nondigit_bits(lanes: U64) -> tuple[U64, U64]:
+    """(bit ``c`` set where byte ``c`` of the row's 4 lanes is not an ASCII digit, the
+    lanes XOR ``'0'``: the digit values where the bytes are digits)."""
     t = lanes ^ _ZEROS
     high = np.uint64(0x8080808080808080)
     flags = (((t & ~high) + np.uint64(0x7676767676767676)) | t) & high
     packed = ((flags >> np.uint64(7)) * np.uint64(0x0102040810204080)) >> np.uint64(56)
-    return packed @ _LANE_SHIFTS
+    bits = np.ascontiguousarray(packed.astype(np.uint8)).view("<u4")[:, 0].astype(np.uint64)
+    return bits, t
 
 
 def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDArray[np.float32]:
@@ -182,7 +184,8 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
     length = end - start
     if length.min() < 1 or length.max() > 31:
         raise FastPathDeferred
-    bits = _nondigit_bits(number.view(np.uint64)[:, :4]) >> (32 - length).astype(np.uint64)
+    bits, digit_lanes = _nondigit_bits(number.view(np.uint64)[:, :4])
+    bits >>= (32 - length).astype(np.uint64)
     flat, base = number.ravel(), np.arange(length.size) * number.shape[1]
     neg = flat[base + 32 - length] == 0x2D
     rest = bits & ~neg.astype(np.uint64)
@@ -196,10 +199,13 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
     zero = flat[base + first] == 0x30
     fast &= ~((int_len > 1) & zero) & (first + int_len >= 8) & (frac_len <= 24)
     fast &= (int_len + frac_len <= 19) | ((int_len == 1) & zero)
-    mantissa, fits = _mantissas(number, first + int_len, np.where(fast, int_len, 0), frac_len)
+    mantissa, fits = _mantissas(
+        number, digit_lanes, first + int_len, np.where(fast, int_len, 0), frac_len
+    )
     fast &= fits
-    approx = mantissa.astype(np.float64) / _POW10_F[_clamp(frac_len, 0, 22)]
-    approx /= _POW10_F[_clamp(frac_len - 22, 0, 2)]
+    approx = mantissa.astype(np.float64) / _POW10_F[np.minimum(frac_len, 22)]
+    if frac_len.max() > 22:
+        approx /= _POW10_F[_clamp(frac_len - 22, 0, 2)]
     magnitude = approx.astype(np.float32)
     clinger = fast & (mantissa <= np.uint64(1 << 53)) & (frac_len <= 22)
     exact = clinger & (magnitude.astype(np.float64) == approx)
@@ -209,7 +215,9 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
         got, proved = _prove_float32(mantissa[proof], frac_len[proof], magnitude[proof])
         decided[proof] = got
         exact[proof] |= got & proved
-    _prove_extended(mantissa, frac_len, magnitude, fast & ~clinger & ~decided, (decided, exact))
+    if proof.size:
+        undecided = fast & ~clinger & ~decided
+        _prove_extended(mantissa, frac_len, magnitude, undecided, (decided, exact))
     if (fast & ~exact & (clinger | decided)).any() or (fast & ~neg & (mantissa != 0)).any():
         raise FastPathDeferred
     values: npt.NDArray[np.float32] = np.where(neg, -magnitude, magnitude).astype(np.float32)
