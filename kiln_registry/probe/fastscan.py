@@ -7,10 +7,13 @@ vLLM and the reference teacher emit::
 
     [null,{"<id>":{"logprob":<number>,"rank":<int>,"decoded_token":"<string>"},...},...]
 
-(no white space, keys in that order, nothing else in a candidate).  Anything
-else -- another key order, white space, an unknown candidate key, a null row,
-any rule failure -- raises ``FastPathDeferred`` inside and the strict parser
-decides, accepting or refusing with its own rule and message.  So the fast
+(no white space, keys in that order, nothing else in a candidate, a string
+token, float32-exact numbers).  Anything else -- another key order, white
+space, an unknown candidate key, a ``decoded_token`` of another JSON type, a
+logprob that rounds to float32 (Kiln accepts it; the strict parser keeps the
+float64 numbers beside the rounded column), a null row, any rule failure --
+raises ``FastPathDeferred`` inside and the strict parser decides, accepting
+or refusing with its own rule and message.  So the fast
 path never refuses on its own and accepts only bodies the strict parser
 accepts, with byte-identical columns:
 
