@@ -242,6 +242,7 @@ def test_scoring_job_over_tls_with_a_credential(
     assert job["status"] == "succeeded", job
     assert job["progress"]["scored"] == len(sequences)
     lines = corpus.splitlines()
-    assert len(lines) == 1 + len(sequences)
+    assert len(lines) == 1 + len(sequences) + 1  # manifest, rows, signature trailer
+    assert "kiln.corpus-trailer.v1" in json.loads(lines[-1])
     assert json.loads(lines[0])["teacher_identity"] == json.loads(reference[1].canonical_bytes())
     assert SECRET not in json.dumps(job) + corpus
