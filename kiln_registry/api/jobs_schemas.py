@@ -14,12 +14,15 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from kiln_registry.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS
-from kiln_registry.api.schemas import Sha256Hex, Sha256Ref, WireModel
+from kiln_registry.api.wire import Sha256Hex, Sha256Ref, WireModel
 from kiln_registry.jobs.models import JobRow
 
 MAX_INLINE_SEQUENCES = 10_000
 MAX_INLINE_TOKENS = 1_000_000
 JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
+# A token id is a signed 64-bit value at most (issue 15: 2^63 was an OverflowError, a 500);
+# the vocabulary bound itself is checked against the pinned identity at submission.
+TokenId = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class JobStatus(StrEnum):
@@ -64,7 +67,7 @@ class JobCreate(BaseModel):
     ]
     sequences: (
         Annotated[
-            list[Annotated[list[StrictInt], Field(min_length=1)]],
+            list[Annotated[list[TokenId], Field(min_length=1)]],
             Field(min_length=1, max_length=MAX_INLINE_SEQUENCES),
         ]
         | None

@@ -5,18 +5,13 @@ leak into a response.  Inputs forbid unknown fields; the fields that a
 registration may never carry (identity, bounds, secret names) get their own
 refusal message.
 
-One rule for every response model (``WireModel``): a field declared with a
-default (``x: T | None = None``) is *optional*: it is omitted from the body
-when it has no value, never sent as ``null``, and the OpenAPI document lists
-it as optional and not nullable.  A field without a default is always present
-(``null`` where its type allows it).  This matches Kiln's artifact schema
-(``scripts/generate_artifact_schema.py``: ``spec.identity``,
-``spec.credential_id``, ``identity_revision``, ``off_policy_manifest`` and
-``status_message`` optional; ``capabilities`` and the other spec fields
-nullable).  The identity document keeps ``"adapter": null`` (required,
-nullable: its bytes are fixed).
+Every response model is a ``WireModel`` (``api.wire``): optional fields
+without a value are omitted, never ``null``, as in Kiln's artifact schema
+(``spec.identity``, ``spec.credential_id``, ``identity_revision``,
+``off_policy_manifest``, ``status_message``); ``capabilities`` and the other
+spec fields are required and nullable; the identity keeps ``"adapter": null``.
 
-Imports pydantic and ``kiln_registry.aliases`` only.
+Imports pydantic, ``kiln_registry.aliases`` and ``api.wire`` only.
 """
 
 from __future__ import annotations
@@ -34,6 +29,10 @@ from pydantic import (
 )
 
 from kiln_registry.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
+from kiln_registry.api.wire import Count as Count
+from kiln_registry.api.wire import Sha256Hex as Sha256Hex
+from kiln_registry.api.wire import Sha256Ref as Sha256Ref
+from kiln_registry.api.wire import WireModel as WireModel
 
 # The alias rule as a regular expression (ECMA-262 and Python ``re`` agree on it).
 ALIAS_PATTERN = re.compile(ALIAS_JSON_PATTERN)
@@ -51,54 +50,6 @@ SERVER_CONTROLLED_FIELDS: tuple[str, ...] = (
     "capabilities",
     "status",
 )
-
-
-Sha256Hex = Annotated[
-    str, Field(pattern=r"^[0-9a-f]{64}$", description="Lowercase hex SHA-256 digest.")
-]
-Sha256Ref = Annotated[
-    str,
-    Field(pattern=r"^sha256:[0-9a-f]{64}$", description="`sha256:` + lowercase hex digest."),
-]
-Count = Annotated[int, Field(ge=0)]
-
-
-def _optional_not_nullable(schema: dict[str, Any], cls: type) -> None:
-    """OpenAPI: an optional (defaulted) property is omitted when absent, so never null."""
-    required = set(schema.get("required", ()))
-    for name, prop in schema.get("properties", {}).items():
-        if name in required:
-            continue
-        prop.pop("default", None)
-        variants = prop.get("anyOf")
-        if variants and {"type": "null"} in variants:
-            rest = [v for v in variants if v != {"type": "null"}]
-            del prop["anyOf"]
-            if len(rest) == 1:
-                prop.update(rest[0])
-            else:
-                prop["anyOf"] = rest
-
-
-def _absent(value: object) -> bool:
-    return value is None
-
-
-class WireModel(BaseModel):
-    """Base of every response model: optional fields without a value are omitted."""
-
-    model_config = ConfigDict(frozen=True, json_schema_extra=_optional_not_nullable)
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        changed = False
-        for info in cls.model_fields.values():
-            if not info.is_required() and info.default is None and info.exclude_if is None:
-                info.exclude_if = _absent
-                changed = True
-        if changed:
-            cls.model_rebuild(force=True)
 
 
 class TeacherKind(StrEnum):
@@ -134,6 +85,8 @@ def _bounded_text(value: str | None, field: str, limit: int) -> str | None:
         raise ValueError(f"{field} is longer than {limit} characters")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value if ch not in "\t\n"):
         raise ValueError(f"{field} contains a control character")
+    if not value.isascii() and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        raise ValueError(f"{field} contains a lone surrogate (not valid UTF-8)")
     return value
 
 
