@@ -108,6 +108,8 @@ _SINGLE_RULES: Mapping[str, tuple[str, str]] = MappingProxyType(
         ),
     }
 )
+# Kiln's SAFE_ENV_NAME_EXCEPTIONS: a mode switch (LAZY/EAGER), not a module path.
+_SAFE_NAMES = frozenset({"CUDA_MODULE_LOADING"})
 _RUNTIME_LORA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 _RUNTIME_LORA_OFF = frozenset({"0", "false"})
 NAMESPACES: frozenset[str] = frozenset(
@@ -211,6 +213,8 @@ def _refusal(name: str, value: str) -> tuple[str, str] | None:
         return "env.compiler", "compiler and include settings change JIT-compiled kernels"
     if name in _SINGLE_RULES:
         return _SINGLE_RULES[name]
+    if name in _SAFE_NAMES:
+        return None
     if name == _RUNTIME_LORA:
         if value.lower() in _RUNTIME_LORA_OFF:
             return None

@@ -360,6 +360,15 @@ def test_kilns_forbidden_file_variables(name: str) -> None:
     assert name in str(info.value)
 
 
+def test_kilns_safe_names_are_accepted_and_bound() -> None:
+    """vllm_teacher.py SAFE_ENV_NAME_EXCEPTIONS: CUDA_MODULE_LOADING and PATH are hashed."""
+    child = check_launch_environment(
+        {"CUDA_MODULE_LOADING": "LAZY", "PATH": "/usr/bin:/bin"}
+    ).child_environment
+    document = inference_config_document(**kiln_argument_case(environment=child))
+    assert document["environment"] == {"CUDA_MODULE_LOADING": "LAZY", "PATH": "/usr/bin:/bin"}
+
+
 def test_secret_looking_variable_is_refused_not_hashed() -> None:
     """Kept deliberately: Kiln would hash (and print) HF_TOKEN's value in C."""
     secret = "hf_conformance_secret_value"
