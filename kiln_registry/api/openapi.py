@@ -5,7 +5,10 @@ every operation with parameters or a body; this server answers a request that
 fails validation with ``400`` and the error envelope instead (``api.errors``),
 which each operation's own error list already names.  FastAPI also files an
 error response under the route's media type (``text/plain`` for
-``/metrics``); the envelope is always ``application/json``.  ``install_openapi``
+``/metrics``); the envelope is always ``application/json``.  And FastAPI's
+OpenAPI model stores ``minimum``/``maximum`` as floats; integer bounds are
+written back as integers (the signed 64-bit extremes, which a float cannot
+hold, are restored exactly).  ``install_openapi``
 replaces ``app.openapi`` with a generator that drops those entries and caches
 the result as FastAPI does.  Imports FastAPI only.
 """
@@ -20,6 +23,29 @@ from fastapi.openapi.utils import get_openapi
 UNUSED_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
 
+I64_AS_FLOAT = float(2**63)
+MAX_DEPTH = 64
+
+
+def _integer_bounds(node: Any, depth: int = 0) -> None:
+    """Turn float ``minimum``/``maximum`` of integer schemas back into integers, in place."""
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(node, list):
+        for item in node:
+            _integer_bounds(item, depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        for key, extreme in (("minimum", -(2**63)), ("maximum", 2**63 - 1)):
+            value = node.get(key)
+            if isinstance(value, float) and value.is_integer():
+                node[key] = extreme if abs(value) == I64_AS_FLOAT else int(value)
+    for item in node.values():
+        _integer_bounds(item, depth + 1)
+
+
 def corrected(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` without FastAPI's 422 responses and their component schemas."""
     for operations in schema.get("paths", {}).values():
@@ -32,6 +58,7 @@ def corrected(schema: dict[str, Any]) -> dict[str, Any]:
     components = schema.get("components", {}).get("schemas", {})
     for name in UNUSED_SCHEMAS:
         components.pop(name, None)
+    _integer_bounds(schema)
     return schema
 
 

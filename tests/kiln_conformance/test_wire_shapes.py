@@ -261,7 +261,8 @@ def test_openapi_teacher_schemas_follow_kilns_artifact_schema(openapi: dict[str,
                  "inference_config_sha256"):  # fmt: skip
         assert identity[name]["pattern"] == RAW_SHA256
     for name, (low, high) in IDENTITY_BOUNDS.items():
-        assert (identity[name]["minimum"], identity[name]["maximum"]) == (low, high)
+        bounds = (identity[name]["minimum"], identity[name]["maximum"])
+        assert bounds == (low, high) and all(type(b) is int for b in bounds), (name, bounds)
     adapter = _props(openapi, "AdapterIdentityPublic")
     assert adapter["weights_sha256"]["pattern"] == RAW_SHA256
 
