@@ -177,11 +177,13 @@ class LocalTeacherBusy(KilnError):
 
     status = 409
     code = "teacher_launch_conflict"
+    default_hint = "wait for the launch in flight to finish (GET the alias), then retry"
 
 
 class JobInvalid(KilnError):
     status = 400
     code = "job_invalid"
+    default_hint = "fix the named field and submit the job again"
 
 
 class JobNotFound(KilnError):
