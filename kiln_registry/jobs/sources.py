@@ -90,7 +90,10 @@ def check_sequence(
         )
     if not all(type(t) is int for t in tokens):
         raise _invalid(where, "token_type", "token ids must be JSON integers")
-    array = np.asarray(tokens, dtype=np.int64)
+    try:
+        array = np.asarray(tokens, dtype=np.int64)
+    except OverflowError:  # an id of 2^63 or more: out of vocabulary, never a 500
+        raise _invalid(where, "token_id", "a token id is out of vocabulary (too large)") from None
     bad = (array < 0) | (array >= identity.vocab_size)
     if bad.any():
         at = int(np.flatnonzero(bad)[0])

@@ -30,11 +30,12 @@ from kiln_registry.api.jobs_schemas import (
 )
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
+from kiln_registry.api.strict_body import StrictJsonRoute
 from kiln_registry.jobs import service
 from kiln_registry.jobs.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job id.")]
 RESULT_CHUNK = 1 << 20

@@ -29,8 +29,9 @@ from kiln_registry.api.schemas import (
     TeacherEntry,
     TeachersListResponse,
 )
+from kiln_registry.api.strict_body import StrictJsonRoute
 
-router = APIRouter(prefix="/v1/teachers", tags=["teachers"])
+router = APIRouter(prefix="/v1/teachers", tags=["teachers"], route_class=StrictJsonRoute)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
 Alias = Annotated[
     str,

@@ -1,0 +1,66 @@
+"""Request bodies read as strict JSON (issue 15, attacks 6 and 8).
+
+FastAPI decodes a JSON body with ``json.loads``, which keeps the last of two
+duplicate keys and accepts lone surrogate escapes (``"\\ud800"``) that later
+fail at the database insert as a 500.  ``StrictJsonRoute`` is the route
+class of every router with a request body: its request reads the body with
+the identity reader (``identity.canonical.strict_json_loads``: duplicate
+keys, lone surrogates, NaN/Infinity, numbers that overflow, over-deep
+nesting and invalid UTF-8 are refused) and refuses with 400 and the
+endpoint's invalid-request code (``api.errors.invalid_code``) before any
+handler, probe or write runs.  Integer ranges are bounded in the schemas.
+
+Imports FastAPI/Starlette, ``identity.canonical`` and ``api.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from kiln_registry.api.errors import invalid_code
+from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES
+from kiln_registry.errors import IdentityError, KilnError
+from kiln_registry.identity.canonical import strict_json_loads
+
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+async def read_strict_json(request: Request) -> None:
+    """Parse a non-empty body strictly and cache it as the request's JSON (FastAPI reuses it).
+
+    Runs before FastAPI's own body handling, which would turn any exception
+    from ``request.json()`` into a bare 400 without the envelope's code.
+    """
+    body = await request.body()
+    if not body:
+        return
+    try:
+        value = strict_json_loads(body, what="request body", max_bytes=MAX_JOB_REQUEST_BYTES)
+    except IdentityError as exc:
+        raise KilnError(
+            exc.message,
+            rule=exc.rule,
+            code=invalid_code(request.method, request.url.path),
+            status=400,
+            hint="send one strict JSON object (unique keys, valid UTF-8 strings)",
+        ) from None
+    request._json = value  # Starlette's cache: ``request.json()`` returns it as is
+
+
+class StrictJsonRoute(APIRoute):
+    """An ``APIRoute`` whose JSON body, when it has one, is read strictly first."""
+
+    def get_route_handler(self) -> Handler:
+        handler = super().get_route_handler()
+        if not any(method in self.methods for method in ("POST", "PUT", "PATCH")):
+            return handler
+
+        async def strict_handler(request: Request) -> Response:
+            await read_strict_json(request)
+            return await handler(request)
+
+        return strict_handler
