@@ -173,27 +173,34 @@ def confined_corpus_path(root: Path | None, given: str) -> Path:
         candidate = Path(given) if Path(given).is_absolute() else base / given
         resolved = candidate.resolve(strict=True)
     except (OSError, RuntimeError):
-        raise _invalid("corpus.path", "corpus_missing", "the corpus file does not exist") from None
+        raise _unavailable() from None
     if not resolved.is_relative_to(base):
-        raise _invalid(
-            "corpus.path",
-            "corpus_outside_root",
-            "the corpus resolves outside [jobs] corpus_root (symlinks are followed first)",
-        )
+        # The same refusal as a missing file: which paths exist outside the root is not
+        # the caller's business (issue 15, attack 8).
+        raise _unavailable()
     return resolved
+
+
+def _unavailable() -> JobInvalid:
+    return _invalid(
+        "corpus.path",
+        "corpus_unavailable",
+        "no corpus file at this path under [jobs] corpus_root (missing, unreadable, or"
+        " resolving outside the root; symlinks are followed first)",
+    )
 
 
 def _open_confined(path: Path, base: Path) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _invalid("corpus.path", "corpus_open", f"cannot open ({exc.strerror})") from None
+    except OSError:
+        raise _unavailable() from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _invalid("corpus.path", "corpus_not_regular", "not a regular file")
         proc = Path(f"/proc/self/fd/{fd}")
         if proc.exists() and not proc.resolve().is_relative_to(base):
-            raise _invalid("corpus.path", "corpus_outside_root", "the opened file left the root")
+            raise _unavailable()
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -260,4 +267,6 @@ def corpus_sequences(
             collector.add(seq_id, tokens, where)
     if not collector.items:
         raise _invalid("corpus.path", "empty", "the corpus holds no sequences")
-    return LoadedSequences(collector.items, collector.tokens, str(path), digest.hexdigest())
+    # Job rows show the path relative to the root, never the server's absolute layout.
+    shown = str(path.relative_to(root.resolve()))
+    return LoadedSequences(collector.items, collector.tokens, shown, digest.hexdigest())

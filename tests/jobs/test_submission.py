@@ -52,7 +52,9 @@ def test_a_valid_corpus_is_copied_into_the_job(setup: tuple[Registry, Path]) -> 
     response = reg.submit("t", 2, corpus={"path": "ok.jsonl"})
     assert response.status_code == 201, response.text
     job = response.json()
-    assert job["source"]["kind"] == "corpus" and job["source"]["path"] == str(path)
+    assert (
+        job["source"]["kind"] == "corpus" and job["source"]["path"] == path.name
+    )  # relative to [jobs] corpus_root
     path.write_text("changed after submission\n")  # the job holds its own copy
     assert reg.wait(job["id"])["status"] == "succeeded"
 
@@ -116,8 +118,10 @@ def test_corpus_paths_outside_the_root_are_refused_symlinks_too(
         os.symlink(tmp, tmp / "corpora" / "sub" / "up")
     for given in (str(outside), "../outside.jsonl", "escape.jsonl", "sub/up/outside.jsonl"):
         error = _refused(reg, 400, "job_invalid", corpus={"path": given})
-        assert "job.corpus_outside_root" in str(error["message"]), given
-    _refused(reg, 400, "job_invalid", corpus={"path": "missing.jsonl"})
+        assert "job.corpus_unavailable" in str(error["message"]), given
+    # A missing file gets the very same refusal (issue 15: no existence oracle).
+    missing = _refused(reg, 400, "job_invalid", corpus={"path": "missing.jsonl"})
+    assert missing == _refused(reg, 400, "job_invalid", corpus={"path": str(outside)})
     if not (tmp / "corpora" / "fifo").exists():
         os.mkfifo(tmp / "corpora" / "fifo")
     error = _refused(reg, 400, "job_invalid", corpus={"path": "fifo"})
