@@ -10,16 +10,21 @@ half-trusted.
 Transport rules: redirects are never followed (a 3xx is an error), proxy and
 certificate settings are taken from the environment only when
 ``trust_env=True`` is asked for, and the base URL may not carry userinfo, a
-query or a fragment.  The client holds no secrets (the registry API has none
-to send).  Imports httpx, pydantic, ``kiln_registry.errors`` and
+query or a fragment.  Imports httpx, pydantic, ``kiln_registry.errors`` and
 ``kiln_registry.api.schemas`` only; never FastAPI, the database, the probe or
 the launcher.  Nothing happens at import time.
+
+Access (issue 15): ``token`` is sent as ``Authorization: Bearer`` (it never
+appears in ``repr`` or an error); TLS is verified against the system store
+or ``ca_file``, with ``client_cert`` (cert, key) for mutual TLS
+(``kiln_registry.client_tls``).
 """
 
 from __future__ import annotations
 
 import json
 import urllib.parse
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -38,6 +43,8 @@ from kiln_registry.api.schemas import (
     TeacherEntry,
     TeachersListResponse,
 )
+from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
+from kiln_registry.client_tls import check_token, tls_context
 from kiln_registry.errors import InputError, KilnError
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
@@ -137,18 +144,25 @@ class RegistryClient:
         transport: httpx.BaseTransport | None = None,
         trust_env: bool = False,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        token: str | None = None,
+        ca_file: Path | None = None,
+        client_cert: tuple[Path, Path] | None = None,
     ) -> None:
         if not 0 < timeout <= 3600:
             raise InputError("client timeout must be in (0, 3600] seconds", rule="client.timeout")
         self.base_url = check_base_url(base_url)
         self._limit = max_response_bytes
+        headers = {"accept": "application/json", "accept-encoding": "identity"}
+        if token is not None:
+            headers["authorization"] = f"Bearer {check_token(token)}"
         self._http = httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout),
             transport=transport,
             trust_env=trust_env,
             follow_redirects=False,
-            headers={"accept": "application/json", "accept-encoding": "identity"},
+            headers=headers,
+            verify=tls_context(ca_file, client_cert),
         )
 
     def __repr__(self) -> str:
@@ -226,6 +240,18 @@ class RegistryClient:
             raise InputError(f"limit must be in 1..={MAX_RECEIPTS}", rule="client.limit")
         path = f"/v1/teachers/{alias_path(alias)}/receipts?limit={limit}"
         return self._call("GET", path, ReceiptsResponse).receipts
+
+    def audit(self, *, limit: int = 100, before: int | None = None) -> list[AuditEvent]:
+        """``GET /v1/audit`` (admin): state changes, newest first."""
+        if not 1 <= limit <= MAX_RECEIPTS:
+            raise InputError(f"limit must be in 1..={MAX_RECEIPTS}", rule="client.limit")
+        query = f"?limit={limit}" + ("" if before is None else f"&before={int(before)}")
+        return self._call("GET", "/v1/audit" + query, AuditResponse).events
+
+    def release_alias(self, alias: str) -> ReleaseResponse:
+        """Free a deleted (reserved) alias (admin)."""
+        path = f"/v1/admin/aliases/{alias_path(alias)}/release"
+        return self._call("POST", path, ReleaseResponse)
 
     # -- the one place failures are translated ------------------------------
 

@@ -46,6 +46,7 @@ from pydantic import (
     model_validator,
 )
 
+from kiln_registry.config_access import check_tls_keys
 from kiln_registry.config_errors import validation_error
 from kiln_registry.config_kiln import KilnSections, KilnServerKeys, kiln_defaults
 from kiln_registry.credentials.origin import canonical_origin
@@ -168,6 +169,17 @@ class ServerConfig(KilnServerKeys):
     probe_timeout_s: Annotated[StrictFloat, Field(gt=0, le=600)] = 10.0
     teacher_ca_file: ConfigPath | None = None
     local_launch_deadline_s: Annotated[StrictFloat, Field(gt=0, le=86400)] | None = None
+    # Access control and TLS (issue 15; rules in config_access).
+    auth: Literal["required", "off"] | None = None
+    metrics_public: StrictBool = False
+    tls_cert_file: ConfigPath | None = None
+    tls_key_file: ConfigPath | None = None
+    tls_client_ca_file: ConfigPath | None = None
+
+    @model_validator(mode="after")
+    def _tls_keys(self) -> ServerConfig:
+        check_tls_keys(self)
+        return self
 
 
 class StudentConfig(BaseModel):

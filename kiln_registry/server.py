@@ -31,6 +31,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from kiln_registry.api.context import RegistryContext
+from kiln_registry.auth.serving import (
+    check_access,
+    install_token_redaction,
+    uvicorn_tls_options,
+    warn_without_auth,
+)
 from kiln_registry.config import KilnConfig, check_startup_environment, load_config
 from kiln_registry.credentials.redaction import install_redaction
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
@@ -167,6 +173,7 @@ def run_server(
     host: str | None = None,
     port: int | None = None,
     local_prepare: Prepare | None = None,
+    insecure_no_auth: bool = False,
 ) -> None:
     """``kiln serve``: blocks until SIGINT/SIGTERM, then drains the local teachers."""
     import uvicorn
@@ -175,8 +182,12 @@ def run_server(
 
     config = prepare(config_path, host=host, port=port)
     server = config.server
+    check_access(server, insecure_no_auth=insecure_no_auth)
+    tls_options = uvicorn_tls_options(server)
     configure_logging(server.log_format, config.secret_env_names(), server.log_level)
+    install_token_redaction()
     ctx = build_context(config, local_prepare=local_prepare)
+    warn_without_auth(server)
     log.info(
         "kiln-registry serving on %s:%d (database %s at revision %s, student width %d)",
         server.host,
@@ -195,6 +206,7 @@ def run_server(
                 log_level=LOG_LEVELS[server.log_level],
                 server_header=False,
                 timeout_graceful_shutdown=10,
+                **tls_options,
             )
         except ExitSignal:
             pass

@@ -21,13 +21,14 @@ from functools import partial
 import httpx
 from fastapi import FastAPI
 
+from kiln_registry.api.auth_setup import close_auth, install_auth
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.deadline import RequestDeadline
 from kiln_registry.api.errors import install_error_handlers
 from kiln_registry.api.fast_lookup import CachedEntryLookup
 from kiln_registry.api.limits import RequestBodyLimit
 from kiln_registry.api.openapi import install_openapi
-from kiln_registry.api.routes import jobs, keys, system, teachers
+from kiln_registry.api.routes import admin, jobs, keys, system, teachers
 from kiln_registry.api.teachers_service import cached_teacher_json
 from kiln_registry.probe.wire import teacher_tls_context
 
@@ -67,6 +68,7 @@ def create_app(
             finally:
                 await jobs.stop_workers(app, job_workers)
                 ctx.http = None
+                close_auth(app)
 
     app = FastAPI(
         title=API_TITLE,
@@ -87,9 +89,13 @@ def create_app(
         # Every middleware added later (outer) still sees cached lookups.
         app.add_middleware(CachedEntryLookup, lookup=partial(cached_teacher_json, ctx))
     app.add_middleware(RequestBodyLimit)
+    if ctx is not None:
+        # Outside the cached lookup: every request, cached or not, is checked (issue 15).
+        install_auth(app, ctx)
     app.include_router(teachers.router)
     app.include_router(system.router)
     app.include_router(jobs.router)
     app.include_router(keys.router)
+    app.include_router(admin.router)
     install_openapi(app)
     return app

@@ -46,6 +46,7 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
     TeacherStatus,
 )
+from kiln_registry.auth.reserved import ReservedAliases, refuse_reserved
 from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.credentials.resolve import ResolvedTeacher, resolve_teacher_endpoint
 from kiln_registry.db.models import TeacherRow
@@ -149,12 +150,15 @@ def _alias_free(ctx: RegistryContext, alias: str) -> None:
     with ctx.reading() as session:
         if TeacherRepository(session).get(alias) is not None:
             raise AliasExists(f"teacher alias {alias!r} is already registered")
+        TeacherRepository(session).check_new_alias(alias, ctx.config.server.max_teachers)
+        refuse_reserved(session, alias)
 
 
 def _persist(ctx: RegistryContext, row: TeacherRow, receipt: dict[str, Any] | None) -> TeacherEntry:
     with ctx.writing() as session:
+        refuse_reserved(session, row.alias)
         repo = TeacherRepository(session)
-        repo.insert(row)
+        repo.insert(row, max_teachers=ctx.config.server.max_teachers)
         if receipt is not None:
             repo.add_receipt(row.alias, "passed", row.identity_digest, receipt)
         return entry_of(ctx, row)
@@ -303,6 +307,7 @@ def delete_teacher(ctx: RegistryContext, alias: str) -> DeleteTeacherResponse:
     with ctx.writing() as session:
         if not TeacherRepository(session).delete(alias):
             raise TeacherNotFound(f"teacher alias {alias!r} is not registered")
+        ReservedAliases(session).reserve(alias)  # until an admin releases it (issue 15)
     return DeleteTeacherResponse(alias=alias)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln_registry.cli.jobs_cmds import SERVER_ENV, JobsClient, _common, _seconds
+from kiln_registry.cli.server_options import add_access_options, client_access
 from kiln_registry.client import DEFAULT_SERVER
 from kiln_registry.errors import InputError
 
@@ -44,7 +45,7 @@ SubParsers = Any  # argparse's _SubParsersAction is private
 
 def _client(args: argparse.Namespace) -> JobsClient:
     server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return JobsClient(server, timeout=args.timeout)
+    return JobsClient(server, timeout=args.timeout, **client_access(args))
 
 
 def _still_registered(client: JobsClient, summary: CorpusSummary, file: Path) -> None:
@@ -156,4 +157,5 @@ def register(sub: SubParsers) -> None:
     p.add_argument("--server", metavar="URL", help=f"fetch it (default: ${SERVER_ENV})")
     p.add_argument("--json", action="store_true", help="print the GET /v1/keys document")
     p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per request")
+    add_access_options(p)
     p.set_defaults(func=_keys_show)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import httpx
 
 from kiln_registry.api.jobs_schemas import JOB_ID_PATTERN, JobPublic, JobsListResponse
+from kiln_registry.cli.server_options import add_access_options, client_access
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client import DEFAULT_SERVER, RegistryClient
 from kiln_registry.errors import ConfigError, InputError
@@ -91,7 +92,7 @@ def _job_id(value: str) -> str:
 
 def _client(args: argparse.Namespace) -> JobsClient:
     server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return JobsClient(server, timeout=args.timeout)
+    return JobsClient(server, timeout=args.timeout, **client_access(args))
 
 
 def _emit(job: JobPublic, as_json: bool) -> None:
@@ -301,6 +302,7 @@ def _common() -> argparse.ArgumentParser:
         metavar="URL",
         help=f"registry URL (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
     )
+    add_access_options(parent)
     parent.add_argument("--json", action="store_true", help="print one JSON document")
     parent.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per request")
     return parent

@@ -29,6 +29,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kiln_registry.cli.registry_cmds",
     "kiln_registry.cli.jobs_cmds",
     "kiln_registry.cli.corpus_cmds",
+    "kiln_registry.cli.tokens_cmds",
+    "kiln_registry.cli.audit_cmds",
 )
 
 

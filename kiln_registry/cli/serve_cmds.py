@@ -45,7 +45,7 @@ def _openapi(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from kiln_registry.server import run_server
 
-    run_server(args.config, host=args.host, port=args.port)
+    run_server(args.config, host=args.host, port=args.port, insecure_no_auth=args.insecure_no_auth)
     return 0
 
 
@@ -54,6 +54,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--config", type=Path, required=True, help="path to kiln.toml")
     serve.add_argument("--host", help="override [server] host")
     serve.add_argument("--port", type=int, help="override [server] port")
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help='accept [server] auth = "off" on a non-loopback host (logs a warning every hour)',
+    )
     serve.set_defaults(func=_serve)
 
     openapi = sub.add_parser("openapi", help="write (or --check) the generated OpenAPI schema")

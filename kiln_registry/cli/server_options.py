@@ -1,7 +1,9 @@
 """The options of every ``kiln`` command that talks to a registry server.
 
 Owns ``--server URL`` (else ``$KILN_SERVER``, else the client's default),
-``--json`` and ``--timeout SECONDS`` (in (0, 3600], default 60) as one argparse
+``--token-env NAME`` / ``--ca-file PEM`` (token from $NAME, else $KILN_TOKEN;
+``client_access`` gives the client's keyword arguments), ``--json`` and
+``--timeout SECONDS`` (in (0, 3600], default 60) as one argparse
 parent parser, the ``seconds`` and ``number`` argument types, and
 ``server_url`` (which URL a parsed command talks to).
 
@@ -12,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+from typing import Any
 
 from kiln_registry.client import DEFAULT_SERVER
+from kiln_registry.client_tls import TOKEN_ENV, token_from_env
 
 SERVER_ENV = "KILN_SERVER"
 MAX_TIMEOUT_SECONDS = 3600
@@ -44,6 +49,7 @@ def server_options(*, server: bool = True) -> argparse.ArgumentParser:
             metavar="URL",
             help=f"registry URL (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
         )
+        add_access_options(parent)
     parent.add_argument("--json", action="store_true", help="print one JSON document")
     parent.add_argument("--timeout", type=seconds, default=60.0, help="seconds per request")
     return parent
@@ -53,3 +59,26 @@ def server_url(args: argparse.Namespace) -> str:
     """``--server``, else ``$KILN_SERVER``, else the client's default URL."""
     url: str = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
     return url
+
+
+def add_access_options(parser: argparse.ArgumentParser) -> None:
+    """``--token-env NAME`` and ``--ca-file PEM`` (never a ``--token VALUE``)."""
+    parser.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help=f"read the registry token from $NAME (default: ${TOKEN_ENV} when set)",
+    )
+    parser.add_argument(
+        "--ca-file",
+        type=Path,
+        metavar="PEM",
+        help="verify an https registry against this CA (default: the system store)",
+    )
+
+
+def client_access(args: argparse.Namespace) -> dict[str, Any]:
+    """The token and CA keyword arguments of ``RegistryClient`` for a parsed command."""
+    return {
+        "token": token_from_env(getattr(args, "token_env", None), os.environ),
+        "ca_file": getattr(args, "ca_file", None),
+    }

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_registry.api.schemas import ProbeReportPublic, TeacherEntry
-from kiln_registry.cli.server_options import number, server_options, server_url
+from kiln_registry.cli.server_options import client_access, number, server_options, server_url
 from kiln_registry.client import RegistryClient
 from kiln_registry.errors import InputError
 
@@ -62,7 +62,7 @@ def _emit_json(value: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> RegistryClient:
-    return RegistryClient(server_url(args), timeout=args.timeout)
+    return RegistryClient(server_url(args), timeout=args.timeout, **client_access(args))
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -276,6 +276,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _release(args: argparse.Namespace) -> int:
+    from kiln_registry.cli.audit_cmds import release_command
+
+    return release_command(args)
+
+
 def _add(
     group: SubParsers, name: str, help_text: str, func: Callable[[argparse.Namespace], int],
     *, client: bool = True,
@@ -325,6 +331,8 @@ def register(sub: SubParsers) -> None:
     _add(group, "delete", "delete an alias", _delete).add_argument("alias")
     _add(group, "probe", "re-run the identity probes of an alias", _probe).add_argument("alias")
     _add(group, "launch", "relaunch an unavailable local alias", _launch).add_argument("alias")
+    release = _add(group, "release", "free a deleted alias for registration (admin)", _release)
+    release.add_argument("alias")
     receipts = _add(group, "receipts", "list stored probe receipts", _receipts)
     receipts.add_argument("alias")
     receipts.add_argument("--limit", type=_positive, default=100, help="at most 1000")

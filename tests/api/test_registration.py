@@ -84,8 +84,13 @@ def test_register_list_show_probe_receipts_delete(
         for response in (http.get("/v1/teachers/tiny@vllm"), http.delete("/v1/teachers/tiny@vllm")):
             assert response.status_code == 404
             assert error_of(response)["code"] == "teacher_not_found"
-        # Receipts outlive the alias (audit); the alias can be registered afresh.
+        # Receipts outlive the alias (audit); the alias stays reserved (issue 15) until an
+        # admin releases it, then it can be registered afresh.
         assert len(http.get("/v1/teachers/tiny@vllm/receipts").json()["receipts"]) == 2
+        reserved = http.post("/v1/teachers", json=remote("tiny@vllm", teacher_url))
+        assert reserved.status_code == 409
+        assert error_of(reserved)["code"] == "teacher_alias_reserved"
+        assert http.post("/v1/admin/aliases/tiny@vllm/release").status_code == 200
         assert http.post("/v1/teachers", json=remote("tiny@vllm", teacher_url)).status_code == 200
 
 
@@ -228,7 +233,9 @@ def test_network_bound_server_refuses_credential_free_teachers(
     tmp_path: Path, tiny_model: TinyModel, teacher_url: str
 ) -> None:
     # The config says 0.0.0.0; the test server itself still listens on loopback.
-    with run_registry(write_config(tmp_path, student=tiny_model.path), host="0.0.0.0") as registry:
+    # auth = "off" explicitly: this test is about teacher URLs, not tokens (tests/auth).
+    config = write_config(tmp_path, student=tiny_model.path, server={"auth": "off"})
+    with run_registry(config, host="0.0.0.0") as registry:
         error = _refused_without_trace(
             registry, remote("loop", teacher_url), 400, "teacher_registration_invalid"
         )

@@ -1,0 +1,36 @@
+"""Installs the auth middleware (``kiln_registry.auth``) on the application.
+
+With ``[server] auth`` resolved to required the middleware checks tokens
+against a ``TokenTable`` on the registry's database; with auth off it only
+records the audit log and marks every request's caller as ``None``.  The
+token table's connection is closed when the registry context closes.
+Imports the ``auth`` package, ``config_access`` and the API context.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from kiln_registry.api.context import RegistryContext
+from kiln_registry.auth.cache import TokenTable
+from kiln_registry.auth.middleware import AuthMiddleware
+from kiln_registry.auth.store import AuthStore
+from kiln_registry.config_access import auth_required
+
+
+def install_auth(app: FastAPI, ctx: RegistryContext) -> None:
+    server = ctx.config.server
+    table = TokenTable(server.database) if auth_required(server) else None
+    app.state.token_table = table
+    app.add_middleware(
+        AuthMiddleware,
+        table=table,
+        store=AuthStore(ctx.writing),
+        metrics_public=server.metrics_public,
+    )
+
+
+def close_auth(app: FastAPI) -> None:
+    table = getattr(app.state, "token_table", None)
+    if isinstance(table, TokenTable):
+        table.close()

@@ -1,0 +1,223 @@
+"""The registry's access control: a pure ASGI layer in front of everything else.
+
+Every HTTP request's scope comes from ``auth.scopes.required_scope`` (anything
+unlisted needs ``admin``).  When ``[server] auth = "required"`` the request
+must carry ``Authorization: Bearer <token>`` naming a stored, unexpired token
+(``auth.cache.TokenTable``: one SHA-256 and one dict lookup; a commit by any
+process, such as ``kiln tokens revoke``, reloads the table before the next
+request).  Missing, malformed, unknown, expired or revoked tokens get ``401``
+``unauthorized`` with ``WWW-Authenticate: Bearer``; a token without the scope
+gets ``403`` ``forbidden``; a token in the query string is refused (it would
+land in access logs).  Bodies use Kiln's error envelope.
+
+The caller identity is stored for inner layers and routes as
+``scope["state"]["kiln_token"]``: a frozen ``auth.tokens.TokenIdentity``
+(``name``, ``scopes``) or ``None`` when auth is off.  (Per-token probe-slot
+caps read it there.)
+
+Every state change (any method but GET/HEAD/OPTIONS) that passes the check is
+written to ``audit_events`` before its last response byte is sent: token
+name, action (``auth.scopes.audit_action``), alias or job id, outcome
+(``ok`` < 400, ``refused`` < 500, else ``failed``) and status.  Requests
+refused with 401 are not recorded (an anonymous caller could grow the table).
+Last-used times are written in batches (``TokenTable.due_last_used``).
+Imports the standard library, anyio and the ``auth`` package.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+import anyio
+
+from kiln_registry.auth.cache import TokenTable
+from kiln_registry.auth.scopes import audit_action, required_scope
+from kiln_registry.auth.store import AuthStore
+from kiln_registry.auth.tokens import TokenIdentity
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+STATE_KEY: Final = "kiln_token"
+READ_ONLY: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+MAX_CAPTURE: Final = 64 * 1024
+QUERY_TOKEN_MARKS: Final = (b"kiln_", b"kiln%5f", b"kiln%5F", b"access_token=", b"token=")
+HOW_TO: Final = (
+    "create a token with `kiln tokens create --scope ...` and send it as"
+    " `Authorization: Bearer <token>` (the CLI reads it from --token-env NAME or KILN_TOKEN)"
+)
+
+
+def _error(status: int, code: str, message: str, hint: str) -> tuple[int, bytes]:
+    body = {"error": {"code": code, "message": message, "hint": hint}}
+    return status, json.dumps(body).encode("utf-8")
+
+
+async def _reply(send: Send, status: int, body: bytes) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode("ascii")),
+    ]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def bearer(scope: Scope) -> str | None:
+    """The token of the one ``Authorization: Bearer`` header; "" for a malformed one."""
+    found: str | None = None
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            if found is not None:
+                return ""
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() != b"bearer" or not token or len(token) > 512:
+                return ""
+            found = token.strip().decode("latin-1")
+    return found
+
+
+class AuthMiddleware:
+    """Check the caller's token and scope; record state changes in the audit log."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        table: TokenTable | None,
+        store: AuthStore | None,
+        metrics_public: bool = False,
+    ) -> None:
+        self._app = app
+        self._table = table
+        self._store = store
+        self._metrics_public = metrics_public
+
+    def _refusal(self, scope: Scope, needed: str) -> tuple[int, bytes] | TokenIdentity:
+        assert self._table is not None
+        if any(mark in scope.get("query_string", b"") for mark in QUERY_TOKEN_MARKS):
+            return _error(
+                401,
+                "unauthorized",
+                "tokens are accepted only in the Authorization header, never in the query string",
+                HOW_TO,
+            )
+        token = bearer(scope)
+        if token is None:
+            return _error(
+                401, "unauthorized", f"this route needs a token with scope {needed!r}", HOW_TO
+            )
+        identity = self._table.lookup(token) if token else None
+        if identity is None:
+            what = "malformed" if not token else "not valid (unknown, expired or revoked)"
+            return _error(401, "unauthorized", f"the bearer token is {what}", HOW_TO)
+        if not identity.allows(needed):
+            return _error(
+                403,
+                "forbidden",
+                f"token {identity.name!r} lacks scope {needed!r}"
+                f" (it has: {', '.join(sorted(identity.scopes))})",
+                "ask an admin for a token with that scope",
+            )
+        return identity
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        identity: TokenIdentity | None = None
+        if self._table is not None:
+            needed = required_scope(
+                scope["method"], scope["path"], metrics_public=self._metrics_public
+            )
+            if needed is not None:
+                outcome = self._refusal(scope, needed)
+                if isinstance(outcome, tuple):
+                    if outcome[0] == 403:
+                        await self._audit(scope, outcome[1], outcome[0], identity, None)
+                    await _reply(send, *outcome)
+                    return
+                identity = outcome
+            if self._table.pending:
+                await self._touch()
+        scope.setdefault("state", {})[STATE_KEY] = identity
+        if scope["method"] in READ_ONLY or self._store is None:
+            await self._app(scope, receive, send)
+            return
+        await self._audited(scope, receive, send, identity)
+
+    async def _audited(
+        self, scope: Scope, receive: Receive, send: Send, identity: TokenIdentity | None
+    ) -> None:
+        request_body = bytearray()
+        response_body = bytearray()
+        status = [500]
+
+        async def capture_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and len(request_body) < MAX_CAPTURE:
+                request_body.extend(message.get("body", b"")[: MAX_CAPTURE - len(request_body)])
+            return message
+
+        async def audit_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                if len(response_body) < MAX_CAPTURE:
+                    response_body.extend(message.get("body", b"")[:MAX_CAPTURE])
+                if not message.get("more_body", False):
+                    await self._audit(
+                        scope, bytes(request_body), status[0], identity, bytes(response_body)
+                    )
+            await send(message)
+
+        await self._app(scope, capture_receive, audit_send)
+
+    async def _audit(
+        self,
+        scope: Scope,
+        request_body: bytes,
+        status: int,
+        identity: TokenIdentity | None,
+        response_body: bytes | None,
+    ) -> None:
+        if self._store is None:
+            return
+        action, target = audit_action(scope["method"], scope["path"])
+        if target is None:
+            source = request_body if action == "teacher.register" else response_body
+            key = "alias" if action == "teacher.register" else "id"
+            target = _json_text(source, key)
+        outcome = "ok" if status < 400 else "refused" if status < 500 else "failed"
+        name = None if identity is None else identity.name
+        store = self._store
+        await anyio.to_thread.run_sync(
+            lambda: store.audit(
+                token_name=name, action=action, target=target, outcome=outcome, status=status
+            )
+        )
+
+    async def _touch(self) -> None:
+        assert self._table is not None
+        due = self._table.due_last_used()
+        if due and self._store is not None:
+            store = self._store
+            await anyio.to_thread.run_sync(lambda: store.touch(due))
+
+
+def _json_text(body: bytes | None, key: str) -> str | None:
+    """``body[key]`` when ``body`` is a JSON object with a string there."""
+    if not body or len(body) >= MAX_CAPTURE:
+        return None
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    value = doc.get(key) if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None

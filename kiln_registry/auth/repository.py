@@ -1,0 +1,154 @@
+"""SQL of access control: tokens, audit events and reserved aliases.
+
+``TokenRepository``, ``AuditRepository`` and ``ReservedAliases`` work inside
+the caller's session (one transaction each call site).  ``TOKENS_SNAPSHOT`` is
+the one read the middleware's in-memory token table runs on its own
+read-only connection (``auth.cache``).  Nothing here stores or returns a raw
+token: ``create`` returns it once, to be printed, and stores its digest.
+Imports: SQLAlchemy, ``auth.models``, ``auth.tokens`` and ``db.models``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, cast
+
+from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from kiln_registry.auth.models import AuditEventRow, ReservedAliasRow, TokenRow
+from kiln_registry.auth.tokens import (
+    MAX_EXPIRES_DAYS,
+    check_name,
+    generate_token,
+    token_digest,
+)
+from kiln_registry.db.models import utc_timestamp
+from kiln_registry.errors import InputError, KilnError
+
+MAX_TOKENS: Final = 1000
+MAX_AUDIT_LIMIT: Final = 1000
+MAX_TARGET_CHARS: Final = 512
+TOKENS_SNAPSHOT: Final = "SELECT name, digest, scopes, expires_at FROM api_tokens LIMIT 1001"
+TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+class TokenNameExists(KilnError):
+    status = 409
+    code = "token_exists"
+
+
+class TokenNotFound(KilnError):
+    status = 404
+    code = "token_not_found"
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC)
+
+
+class TokenRepository:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def create(self, name: str, scopes: frozenset[str], expires_in_days: int | None) -> str:
+        """Store a new token's digest; returns the token (the only time it exists)."""
+        check_name(name)
+        if expires_in_days is not None and not 1 <= expires_in_days <= MAX_EXPIRES_DAYS:
+            raise InputError(
+                f"--expires-in must be 1..{MAX_EXPIRES_DAYS} days", rule="tokens.expires"
+            )
+        count = len(list(self._session.scalars(select(TokenRow.name).limit(MAX_TOKENS))))
+        if count >= MAX_TOKENS:
+            raise InputError(f"at most {MAX_TOKENS} tokens; revoke one first", rule="tokens.max")
+        token = generate_token()
+        now = datetime.now(UTC)
+        expires = None
+        if expires_in_days is not None:
+            expires = (now + timedelta(days=expires_in_days)).strftime(TIME_FORMAT)
+        row = TokenRow(
+            name=name,
+            digest=token_digest(token),
+            scopes=" ".join(sorted(scopes)),
+            created_at=now.strftime(TIME_FORMAT),
+            expires_at=expires,
+        )
+        try:
+            with self._session.begin_nested():
+                self._session.add(row)
+        except IntegrityError:
+            raise TokenNameExists(
+                f"a token named {name!r} exists", hint="revoke it first, or pick another name"
+            ) from None
+        return token
+
+    def list_all(self) -> list[TokenRow]:
+        return list(
+            self._session.scalars(select(TokenRow).order_by(TokenRow.name).limit(MAX_TOKENS))
+        )
+
+    def revoke(self, name: str) -> None:
+        result = self._session.execute(delete(TokenRow).where(TokenRow.name == name))
+        if cast("CursorResult[Any]", result).rowcount == 0:
+            raise TokenNotFound(f"no token named {name[:64]!r}", hint="see `kiln tokens list`")
+
+    def touch(self, used: dict[str, str]) -> None:
+        """Record last-used times (a batch, at most one write per token a minute)."""
+        for name, at in list(used.items())[:MAX_TOKENS]:
+            self._session.execute(
+                update(TokenRow).where(TokenRow.name == name).values(last_used_at=at)
+            )
+
+
+class AuditRepository:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def record(
+        self,
+        *,
+        token_name: str | None,
+        action: str,
+        target: str | None,
+        outcome: str,
+        status: int | None = None,
+    ) -> None:
+        self._session.add(
+            AuditEventRow(
+                at=utc_timestamp(),
+                token_name=token_name,
+                action=action,
+                target=None if target is None else target[:MAX_TARGET_CHARS],
+                outcome=outcome,
+                status=status,
+            )
+        )
+
+    def list_events(self, *, limit: int, before: int | None = None) -> list[AuditEventRow]:
+        """Newest first; ``before`` (an event id) pages back."""
+        if not 1 <= limit <= MAX_AUDIT_LIMIT:
+            raise InputError(f"limit must be 1..{MAX_AUDIT_LIMIT}", rule="audit.limit")
+        query = select(AuditEventRow).order_by(AuditEventRow.id.desc()).limit(limit)
+        if before is not None:
+            query = query.where(AuditEventRow.id < before)
+        return list(self._session.scalars(query))
+
+
+class ReservedAliases:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def reserve(self, alias: str) -> None:
+        if self._session.get(ReservedAliasRow, alias) is None:
+            self._session.add(ReservedAliasRow(alias=alias, reserved_at=utc_timestamp()))
+            self._session.flush()
+
+    def is_reserved(self, alias: str) -> bool:
+        return self._session.get(ReservedAliasRow, alias) is not None
+
+    def release(self, alias: str) -> bool:
+        result = self._session.execute(
+            delete(ReservedAliasRow).where(ReservedAliasRow.alias == alias)
+        )
+        return cast("CursorResult[Any]", result).rowcount > 0
