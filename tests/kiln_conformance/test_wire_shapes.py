@@ -230,6 +230,8 @@ def test_openapi_has_no_422_and_lists_errors_per_operation(openapi: dict[str, An
             assert "500" in errors, (method, path)
             # Kiln's request_timeout (error.rs, 408) for every operation but the relaunch.
             assert ("408" in errors) == (operation["operationId"] != "launchTeacher"), path
+            # API tokens (auth.middleware): every operation but /health may answer 401/403.
+            assert ({"401", "403"} <= set(errors)) == (path != "/health"), path
             for response in errors.values():
                 assert response["x-kiln-error-codes"], (method, path)
                 ref = response["content"]["application/json"]["schema"]["$ref"]

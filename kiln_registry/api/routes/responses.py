@@ -6,7 +6,9 @@ in the description).  Codes and statuses follow Kiln's
 ``crates/kiln-server/src/error.rs`` where Kiln has the same failure.  Every
 operation can also answer ``500 internal_error`` and, except the local
 relaunch, ``408 request_timeout`` past ``request_timeout_secs``
-(``api.deadline``); a body over the size bound is ``413 request_too_large``
+(``api.deadline``); every operation but ``/health`` can answer
+``401 unauthorized`` / ``403 forbidden`` when API tokens are on
+(``auth.middleware``); a body over the size bound is ``413 request_too_large``
 (``api.limits``).  Imports the schemas only.
 """
 
@@ -19,6 +21,8 @@ from kiln_registry.api.schemas import ErrorResponse
 
 DESCRIPTIONS: dict[int, str] = {
     400: "Invalid request",
+    401: "Missing, unknown, expired or revoked bearer token (`WWW-Authenticate: Bearer`)",
+    403: "The token lacks the route's scope",
     404: "Not found",
     408: "Request timed out (`request_timeout_secs`)",
     409: "Conflict",
@@ -34,12 +38,15 @@ PROBE = {502: ("teacher_identity_probe_failed",), 503: ("teacher_identity_probe_
 
 
 def error_responses(
-    table: Mapping[int, Sequence[str]], *, deadline: bool = True
+    table: Mapping[int, Sequence[str]], *, deadline: bool = True, auth: bool = True
 ) -> dict[int | str, dict[str, Any]]:
-    """FastAPI ``responses=`` for the statuses and codes in ``table`` (plus 500 and 408)."""
+    """FastAPI ``responses=`` for the statuses and codes in ``table`` (plus 500, 408, 401/403)."""
     full: dict[int, Sequence[str]] = {**table, 500: ("internal_error", *table.get(500, ()))}
     if deadline:
         full[408] = ("request_timeout",)
+    if auth:
+        full[401] = ("unauthorized",)
+        full[403] = ("forbidden",)
     out: dict[int | str, dict[str, Any]] = {}
     for status in sorted(full):
         codes = list(dict.fromkeys(full[status]))
@@ -55,7 +62,12 @@ def error_responses(
 REGISTER = error_responses(
     {
         400: ("teacher_registration_invalid", *LAUNCH_400),
-        409: ("teacher_alias_exists", "teacher_identity_mismatch", "teacher_launch_conflict"),
+        409: (
+            "teacher_alias_exists",
+            "teacher_alias_reserved",
+            "teacher_identity_mismatch",
+            "teacher_launch_conflict",
+        ),
         413: ("request_too_large",),
         500: ("launcher_failed",),
         **PROBE,
@@ -99,3 +111,4 @@ JOB_RESULT = error_responses(
     {400: ("job_invalid",), 404: ("job_not_found",), 409: ("job_conflict",)}
 )
 SYSTEM = error_responses({})
+OPEN = error_responses({}, auth=False)  # /health needs no token

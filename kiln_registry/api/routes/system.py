@@ -11,15 +11,15 @@ from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.routes import get_ctx
-from kiln_registry.api.routes.responses import SYSTEM
+from kiln_registry.api.routes.responses import OPEN, SYSTEM
 from kiln_registry.api.schemas import HealthResponse, LegacyRegistryReport, ReadyResponse
 from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
 
-router = APIRouter(tags=["system"], responses=SYSTEM)
+router = APIRouter(tags=["system"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
 
 
-@router.get("/health", operation_id="health", response_model=HealthResponse)
+@router.get("/health", operation_id="health", response_model=HealthResponse, responses=OPEN)
 async def health() -> HealthResponse:
     return HealthResponse()
 
@@ -32,7 +32,7 @@ def _status_counts(ctx: RegistryContext) -> dict[str, int]:
     return counts
 
 
-@router.get("/ready", operation_id="ready", response_model=ReadyResponse)
+@router.get("/ready", operation_id="ready", response_model=ReadyResponse, responses=SYSTEM)
 async def ready(ctx: Ctx) -> ReadyResponse:
     counts = await run_in_threadpool(_status_counts, ctx)
     return ReadyResponse(
@@ -85,7 +85,7 @@ def render_metrics(ctx: RegistryContext, status_counts: dict[str, int]) -> str:
     return text
 
 
-@router.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
+@router.get("/metrics", operation_id="metrics", response_class=PlainTextResponse, responses=SYSTEM)
 async def metrics(ctx: Ctx) -> PlainTextResponse:
     counts = await run_in_threadpool(_status_counts, ctx)
     return PlainTextResponse(
