@@ -65,6 +65,7 @@ REGISTER = error_responses(
         409: (
             "teacher_alias_exists",
             "teacher_alias_reserved",
+            "teacher_limit_reached",
             "teacher_identity_mismatch",
             "teacher_launch_conflict",
         ),
