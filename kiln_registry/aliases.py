@@ -22,6 +22,7 @@ an alias as one URL path segment.  Imports the standard library only.
 from __future__ import annotations
 
 import re
+import unicodedata
 import urllib.parse
 from typing import Final
 
@@ -67,3 +68,13 @@ def alias_path_segment(alias: str) -> str:
     if segment in (".", ".."):
         segment = segment.replace(".", "%2E")
     return segment
+
+
+def alias_fold(alias: str) -> str:
+    """The NFKC case-fold of ``alias``: two aliases with the same fold may not coexist.
+
+    ``Qwen/X`` and ``qwen/x``, or ``ｑwen`` (fullwidth) and ``qwen``, fold alike;
+    registration refuses the second as ``teacher_alias_exists`` (a stricter rule
+    than Kiln's, which compares aliases byte for byte).
+    """
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", alias).casefold())

@@ -48,6 +48,7 @@ from pydantic import (
 
 from kiln_registry.config_access import check_tls_keys
 from kiln_registry.config_errors import validation_error
+from kiln_registry.config_guard import JobsGuardKeys, ServerGuardKeys
 from kiln_registry.config_kiln import KilnSections, KilnServerKeys, kiln_defaults
 from kiln_registry.credentials.origin import canonical_origin
 from kiln_registry.credentials.secrets import (
@@ -155,7 +156,7 @@ EntryId = Annotated[str, AfterValidator(_check_id)]
 Port = Annotated[StrictInt, Field(ge=1, le=65535)]
 
 
-class ServerConfig(KilnServerKeys):
+class ServerConfig(KilnServerKeys, ServerGuardKeys):
     """``[server]``: where the registry listens and keeps its state, and Kiln's server keys."""
 
     model_config = _FROZEN
@@ -243,7 +244,7 @@ class TeachersConfig(BaseModel):
     local: Annotated[dict[EntryId, LocalTeacherConfig], Field(max_length=MAX_ENTRIES)] = {}
 
 
-class JobsConfig(BaseModel):
+class JobsConfig(JobsGuardKeys):
     """``[jobs]``: the distillation job queue and its workers."""
 
     model_config = _FROZEN

@@ -152,6 +152,13 @@ class AliasExists(KilnError):
     default_hint = "aliases are immutable: delete the alias and register it again"
 
 
+class TeacherLimitReached(KilnError):
+    """The registry holds ``[server] max_teachers`` aliases (issue 15: bounded growth)."""
+
+    status = 409
+    code = "teacher_limit_reached"
+
+
 class IdentityRequired(KilnError):
     status = 409
     code = "teacher_identity_required"

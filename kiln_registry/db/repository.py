@@ -30,6 +30,7 @@ from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from kiln_registry.aliases import alias_fold
 from kiln_registry.db.models import (
     LEGACY_IMPORT_OUTCOMES,
     RECEIPT_OUTCOMES,
@@ -41,9 +42,16 @@ from kiln_registry.db.models import (
     TeacherRow,
     utc_timestamp,
 )
-from kiln_registry.errors import AliasExists, InputError, RegistrationInvalid, TeacherNotFound
+from kiln_registry.errors import (
+    AliasExists,
+    InputError,
+    RegistrationInvalid,
+    TeacherLimitReached,
+    TeacherNotFound,
+)
 
 MAX_LIST_LIMIT: Final = 10_000
+DEFAULT_MAX_TEACHERS: Final = 10_000  # [server] max_teachers
 MAX_RECEIPT_LIMIT: Final = 1_000
 MAX_REPORT_BYTES: Final = 1 << 20
 MAX_STATUS_MESSAGE_CHARS: Final = 2_000
@@ -97,10 +105,15 @@ class TeacherRepository:
     def __init__(self, session: Session) -> None:
         self._session = session
 
-    def insert(self, row: TeacherRow) -> None:
-        """Add a new alias; ``AliasExists`` if it is already registered."""
+    def insert(self, row: TeacherRow, *, max_teachers: int = DEFAULT_MAX_TEACHERS) -> None:
+        """Add a new alias; ``AliasExists`` if it (or its NFKC case-fold) is registered.
+
+        The fold comparison and the ``max_teachers`` cap run in the caller's
+        write transaction, so two racing registrations cannot both pass them.
+        """
         _check_choice("kind", row.kind, TEACHER_KINDS)
         _check_choice("status", row.status, TEACHER_STATUSES)
+        self.check_new_alias(row.alias, max_teachers)
         # An unset mapped attribute reads as None until flush; both
         # timestamps get the same instant rather than two column defaults.
         if row.created_at is None:
@@ -117,6 +130,23 @@ class TeacherRepository:
 
     def get(self, alias: str) -> TeacherRow | None:
         return self._session.get(TeacherRow, alias)
+
+    def check_new_alias(self, alias: str, max_teachers: int = DEFAULT_MAX_TEACHERS) -> None:
+        """Refuse a look-alike of a registered alias, or any new alias past the cap."""
+        existing = list(self._session.scalars(select(TeacherRow.alias).limit(max_teachers + 1)))
+        if len(existing) >= max_teachers:
+            raise TeacherLimitReached(
+                f"the registry holds {max_teachers} aliases, its [server] max_teachers limit",
+                hint="delete unused aliases or raise [server] max_teachers",
+            )
+        folded = alias_fold(alias)
+        for other in existing:
+            if other != alias and alias_fold(other) == folded:
+                raise AliasExists(
+                    f"teacher alias {alias!r} differs from the registered {other!r} only by"
+                    " case or Unicode compatibility form",
+                    rule="alias.lookalike",
+                )
 
     def list_all(self, limit: int = MAX_LIST_LIMIT) -> list[TeacherRow]:
         """Up to ``limit`` teachers, ordered by alias."""

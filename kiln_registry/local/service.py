@@ -147,7 +147,7 @@ def _placeholder(
 
 def _insert(ctx: RegistryContext, row: TeacherRow) -> None:
     with ctx.writing() as session:
-        TeacherRepository(session).insert(row)
+        TeacherRepository(session).insert(row, max_teachers=ctx.config.server.max_teachers)
 
 
 def _delete_quietly(ctx: RegistryContext, alias: str) -> None:
