@@ -77,6 +77,9 @@ def configure_logging(log_format: str, secret_env_names: frozenset[str], level: 
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    from kiln_registry.serve_guard import RepeatFilter  # imports uvicorn: not at import time
+
+    handler.addFilter(RepeatFilter())  # a flood of one line (e.g. accept errors) is capped
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(LOG_LEVELS[level])
@@ -179,6 +182,7 @@ def run_server(
     import uvicorn
 
     from kiln_registry.api.app import create_app
+    from kiln_registry.serve_guard import uvicorn_limits
 
     config = prepare(config_path, host=host, port=port)
     server = config.server
@@ -206,6 +210,7 @@ def run_server(
                 log_level=LOG_LEVELS[server.log_level],
                 server_header=False,
                 timeout_graceful_shutdown=10,
+                **uvicorn_limits(),  # header deadline, keep-alive, header size, concurrency
                 **tls_options,
             )
         except ExitSignal:
