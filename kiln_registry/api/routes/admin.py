@@ -76,7 +76,7 @@ async def list_audit(
     "/v1/admin/aliases/{alias:path}/release",
     operation_id="releaseAlias",
     response_model=ReleaseResponse,
-    responses=error_responses({404: ("alias_not_reserved",)}),
+    responses=error_responses({400: ("invalid_request",), 404: ("alias_not_reserved",)}),
 )
 async def release_alias(
     alias: Annotated[str, Path(min_length=1, max_length=512)], ctx: Ctx
