@@ -53,7 +53,10 @@ HOW_TO: Final = (
 )
 
 
-def _error(status: int, code: str, message: str, hint: str) -> tuple[int, bytes]:
+Refusal = tuple[int, bytes]
+
+
+def _error(status: int, code: str, message: str, hint: str) -> Refusal:
     body = {"error": {"code": code, "message": message, "hint": hint}}
     return status, json.dumps(body).encode("utf-8")
 
@@ -99,10 +102,11 @@ class AuthMiddleware:
         self._store = store
         self._metrics_public = metrics_public
 
-    def _refusal(self, scope: Scope, needed: str) -> tuple[int, bytes] | TokenIdentity:
+    def _check(self, scope: Scope, needed: str) -> tuple[TokenIdentity | None, Refusal | None]:
+        """The caller (None if unknown) and the refusal (None when allowed)."""
         assert self._table is not None
         if any(mark in scope.get("query_string", b"") for mark in QUERY_TOKEN_MARKS):
-            return _error(
+            return None, _error(
                 401,
                 "unauthorized",
                 "tokens are accepted only in the Authorization header, never in the query string",
@@ -110,22 +114,22 @@ class AuthMiddleware:
             )
         token = bearer(scope)
         if token is None:
-            return _error(
+            return None, _error(
                 401, "unauthorized", f"this route needs a token with scope {needed!r}", HOW_TO
             )
         identity = self._table.lookup(token) if token else None
         if identity is None:
             what = "malformed" if not token else "not valid (unknown, expired or revoked)"
-            return _error(401, "unauthorized", f"the bearer token is {what}", HOW_TO)
+            return None, _error(401, "unauthorized", f"the bearer token is {what}", HOW_TO)
         if not identity.allows(needed):
-            return _error(
+            return identity, _error(
                 403,
                 "forbidden",
                 f"token {identity.name!r} lacks scope {needed!r}"
                 f" (it has: {', '.join(sorted(identity.scopes))})",
                 "ask an admin for a token with that scope",
             )
-        return identity
+        return identity, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,13 +141,12 @@ class AuthMiddleware:
                 scope["method"], scope["path"], metrics_public=self._metrics_public
             )
             if needed is not None:
-                outcome = self._refusal(scope, needed)
-                if isinstance(outcome, tuple):
-                    if outcome[0] == 403:
-                        await self._audit(scope, outcome[1], outcome[0], identity, None)
-                    await _reply(send, *outcome)
+                identity, refusal = self._check(scope, needed)
+                if refusal is not None:
+                    if refusal[0] == 403 and scope["method"] not in READ_ONLY:
+                        await self._audit(scope, b"", 403, identity, None)
+                    await _reply(send, *refusal)
                     return
-                identity = outcome
             if self._table.pending:
                 await self._touch()
         scope.setdefault("state", {})[STATE_KEY] = identity

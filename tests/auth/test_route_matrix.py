@@ -16,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from kiln_registry.api.app import create_app
 from kiln_registry.auth.tokens import SCOPES
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import RegistryServer, error_of, run_registry, write_config
@@ -79,9 +81,7 @@ def app_routes(registry: RegistryServer) -> set[tuple[str, str]]:
     return found
 
 
-def registry_app(registry: RegistryServer) -> object:
-    from kiln_registry.api.app import create_app
-
+def registry_app(registry: RegistryServer) -> FastAPI:
     return create_app(registry.ctx)
 
 
