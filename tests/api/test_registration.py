@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -263,7 +264,7 @@ def test_reads_do_not_wait_for_a_writer(registry: RegistryServer) -> None:
 def test_oversized_request_bodies_are_refused_before_reading(registry: RegistryServer) -> None:
     big = b'{"alias":"a","kind":"fixture","model_id":"m","notes":"' + b"n" * 100_000 + b'"}'
 
-    def chunks() -> object:
+    def chunks() -> Iterator[bytes]:
         for start in range(0, len(big), 8192):
             yield big[start : start + 8192]
 
