@@ -46,6 +46,7 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
     TeacherStatus,
 )
+from kiln_registry.api.teacher_guard import check_teacher_host
 from kiln_registry.auth.reserved import ReservedAliases, refuse_reserved
 from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.credentials.resolve import ResolvedTeacher, resolve_teacher_endpoint
@@ -70,6 +71,7 @@ REPROBE_FAILED = "re-probe failed"
 
 
 def _resolve(ctx: RegistryContext, url: str, credential_id: str | None) -> ResolvedTeacher:
+    check_teacher_host(url, ctx.config.server.teacher_hosts)  # before any probe (issue 15)
     return resolve_teacher_endpoint(
         url,
         credential_id,

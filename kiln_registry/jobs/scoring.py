@@ -45,7 +45,10 @@ SCORE_TIMEOUT_S: Final = 60.0
 MAX_ATTEMPTS: Final = 6
 BACKOFF_BASE_S: Final = 0.2
 BACKOFF_MAX_S: Final = 5.0
-RETRYABLE_RULES: Final = frozenset({"probe.connect", "probe.transport", "probe.incomplete_body"})
+# probe.unreachable: any failure before an HTTP head (issue 15 folded connect/transport/TLS).
+RETRYABLE_RULES: Final = frozenset(
+    {"probe.unreachable", "probe.connect", "probe.transport", "probe.incomplete_body"}
+)
 RETRYABLE_STATUS: Final = 503
 
 

@@ -32,14 +32,12 @@ import httpx
 from kiln_registry.errors import KilnError, ProbeBusy, ProbeFailed
 from kiln_registry.identity.bounds import MAX_CANDIDATES, allocation_bound
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.probe.exposure import NOT_SHOWN, unreachable, vllm_error_text
 from kiln_registry.probe.fastscan import parse_completion_fast
 from kiln_registry.probe.parse import (
     MAX_VOCAB_SIZE,
-    bounded_text,
     fail,
-    parse_error_body,
     response_body_limit,
-    shown,
     withholding_response_text,
 )
 from kiln_registry.probe.report import ProbeAttempt, ProbeReport, attach_report
@@ -169,25 +167,24 @@ def transport_failure(
     Only the exception's type name reaches the message.
     """
     name = type(exc).__name__
+    if not got_head:
+        # One answer for every failure before an HTTP head: no port-scan oracle (issue 15).
+        stage = "connecting" if connecting else "before the response head"
+        return unreachable(f"{name} {stage}: {str(exc)[:300]}")
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
         return ProbeFailed(f"teacher request timed out ({name})", rule="probe.timeout")
-    if got_head:
-        return ProbeFailed(
-            f"teacher connection ended before the complete body ({name})",
-            rule="probe.incomplete_body",
-        )
-    if connecting or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return ProbeFailed(f"could not connect to the teacher ({name})", rule="probe.connect")
-    return ProbeFailed(f"teacher request failed ({name})", rule="probe.transport")
+    return ProbeFailed(
+        f"teacher connection ended before the complete body ({name})",
+        rule="probe.incomplete_body",
+    )
 
 
 def untrusted_certificate(origin: str, cert: ssl.SSLCertVerificationError) -> ProbeFailed:
     """A teacher certificate the configured authorities do not vouch for, and what to do."""
-    return ProbeFailed(
+    return unreachable(
         f"the TLS certificate of {origin} is not trusted"
-        f" ({cert.verify_message or 'verification failed'})",
-        rule="probe.tls_untrusted",
-        hint="set [server] teacher_ca_file to the PEM bundle of the CA that signed it",
+        f" ({cert.verify_message or 'verification failed'}): set [server] teacher_ca_file"
+        " to the PEM bundle of the CA that signed it"
     )
 
 
@@ -235,8 +232,7 @@ def status_failure(ex: Exchange, what: str) -> ProbeFailed:
     if ex.authenticated:
         detail = "body withheld because the request carried a credential"
     else:
-        err = parse_error_body(ex.body)
-        detail = shown(err.message) if err else bounded_text(ex.body)
+        detail = vllm_error_text(ex.status, ex.body) or NOT_SHOWN
     return ProbeFailed(f"{what}: teacher answered HTTP {ex.status}: {detail}", rule=rule)
 
 

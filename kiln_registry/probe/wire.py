@@ -12,10 +12,9 @@ with the caller's ``ssl.SSLContext``), no proxies, no redirects followed, no
 content codings, no HTTP/2.  ``exchange`` applies exactly the rules of
 ``probe.client.exchange`` (``check_head``, the body bound, the 64 KiB error
 body, one overall deadline) and maps failures onto the same rules:
-``probe.connect`` (no connection or TLS handshake; ``probe.tls_untrusted``
-for a certificate the configured authorities do not vouch for, as at
-registration), ``probe.transport`` (no
-or a malformed response head), ``probe.incomplete_body`` (the connection
+``probe.unreachable`` (no connection, a failed TLS handshake or untrusted
+certificate, no or a malformed response head: one rule and message, the
+detail logged, as at registration), ``probe.incomplete_body`` (the connection
 ended after the head), ``probe.timeout``.  A pooled connection the teacher
 has meanwhile closed is detected when it answers nothing, and the request is
 sent once more on a fresh connection.  Messages never quote the teacher's

@@ -195,12 +195,15 @@ def test_redirect_from_the_teacher_is_refused(registry: RegistryServer, teacher_
 def test_unreachable_teacher_fails_the_probe(registry: RegistryServer, free_port: int) -> None:
     body = remote("gone", f"http://127.0.0.1:{free_port}")
     error = _refused_without_trace(registry, body, 502, "teacher_identity_probe_failed")
-    assert "probe.connect" in error["message"]
+    assert "probe.unreachable" in error["message"]  # issue 15: one error, no oracle
 
 
 def test_teacher_error_body_is_echoed_at_most_400_characters(registry: RegistryServer) -> None:
     def handler(request: Request, index: int) -> Reply:
-        return Reply(status=500, body=b'{"error":{"message":"' + b"x" * 5000 + b'"}}')
+        return Reply(
+            status=500,
+            body=b'{"error":{"message":"' + b"x" * 5000 + b'","type":"E","param":null,"code":500}}',
+        )
 
     with TeacherServer(handler) as teacher:
         error = _refused_without_trace(
