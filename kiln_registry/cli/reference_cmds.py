@@ -16,7 +16,9 @@ import argparse
 import ipaddress
 import json
 import os
+import ssl
 import sys
+from pathlib import Path
 from typing import Any
 
 from kiln_registry.cli.argtypes import integer, positive_int
@@ -42,9 +44,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _url(host: str, port: int) -> str:
+def _url(host: str, port: int, scheme: str = "http") -> str:
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"http://{shown}:{port}"
+    return f"{scheme}://{shown}:{port}"
+
+
+def _tls_files(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """``--tls-cert-file``/``--tls-key-file`` (both or neither), loaded once to fail early."""
+    cert, key = args.tls_cert_file, args.tls_key_file
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise InputError(
+            "--tls-cert-file and --tls-key-file must be given together", rule="reference.tls"
+        )
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=lambda: b"")
+    except (OSError, ssl.SSLError) as exc:
+        raise InputError(
+            f"could not load --tls-cert-file {cert} / --tls-key-file ({type(exc).__name__})",
+            rule="reference.tls",
+            hint="give a PEM certificate chain and its unencrypted PEM key",
+        ) from None
+    return cert, key
 
 
 def _cmd_reference_teacher(args: argparse.Namespace) -> int:
@@ -54,6 +76,7 @@ def _cmd_reference_teacher(args: argparse.Namespace) -> int:
             rule="reference.non_loopback_without_key",
             hint="bind 127.0.0.1, or name the variable holding the API key with --api-key-env",
         )
+    tls = _tls_files(args)
     import torch
 
     from kiln_registry.reference_teacher.app import (
@@ -77,14 +100,14 @@ def _cmd_reference_teacher(args: argparse.Namespace) -> int:
     sock = bind_socket(args.host, args.port)
     line = {
         "event": "listening",
-        "url": _url(args.host, sock.getsockname()[1]),
+        "url": _url(args.host, sock.getsockname()[1], "https" if tls else "http"),
         "served_model_id": args.served_model_id,
         "fingerprint": identity.fingerprint(),
         "identity_digest": identity.digest(),
     }
     sys.stdout.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
     sys.stdout.flush()
-    run_reference_server(app, sock)
+    run_reference_server(app, sock, tls=tls)
     return 0
 
 
@@ -105,5 +128,7 @@ def register(sub: SubParsers) -> None:
         metavar="NAME",
         help="environment variable holding the API key that guards /v1/*",
     )
+    parser.add_argument("--tls-cert-file", type=Path, metavar="PEM", help="serve HTTPS")
+    parser.add_argument("--tls-key-file", type=Path, metavar="PEM", help="its private key")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.set_defaults(func=_cmd_reference_teacher)

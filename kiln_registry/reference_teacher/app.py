@@ -21,6 +21,7 @@ import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -195,10 +196,20 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_reference_server(app: FastAPI, sock: socket.socket, *, log_level: str = "warning") -> None:
-    """Serve ``app`` on the bound ``sock`` until SIGINT/SIGTERM (blocking)."""
+def run_reference_server(
+    app: FastAPI,
+    sock: socket.socket,
+    *,
+    log_level: str = "warning",
+    tls: tuple[Path, Path] | None = None,
+) -> None:
+    """Serve ``app`` on the bound ``sock`` until SIGINT/SIGTERM (blocking); HTTPS with
+    ``tls`` = (certificate chain PEM, key PEM)."""
     import uvicorn
 
+    ssl_options: dict[str, Any] = {}
+    if tls is not None:
+        ssl_options = {"ssl_certfile": str(tls[0]), "ssl_keyfile": str(tls[1])}
     config = uvicorn.Config(
         app,
         log_level=log_level,
@@ -206,5 +217,6 @@ def run_reference_server(app: FastAPI, sock: socket.socket, *, log_level: str = 
         lifespan="off",
         timeout_graceful_shutdown=5,
         server_header=False,
+        **ssl_options,
     )
     uvicorn.Server(config).run(sockets=[sock])
