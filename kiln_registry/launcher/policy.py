@@ -37,6 +37,13 @@ from kiln_registry.launcher.policy_env import (
     EnvironmentDecision,
     check_launch_environment,
 )
+from kiln_registry.launcher.policy_gateway import (
+    API_KEY_ENV_FLAG,
+    GATEWAY_FLAG,
+    GATEWAY_ON,
+    check_api_key_env,
+    check_gateway_options,
+)
 from kiln_registry.launcher.policy_options import (
     VLLM_OPTION_POLICY_VERSION,
     VllmOptions,
@@ -77,6 +84,8 @@ _CHECKED_FLAGS: Mapping[str, ValueRule] = {
     "max-prompt-logprob-candidates": canonical_int(1, 1_000_000),
     "max-provenance-read-mib-per-second": canonical_int(1, 16_384),
     "process-group-mode": one_of("detached", "inherited"),
+    GATEWAY_FLAG: one_of("on", "off"),
+    API_KEY_ENV_FLAG: check_api_key_env,
 }
 _VALUE_FLAGS = _PATH_FLAGS | {"served-model-id"} | frozenset(_CHECKED_FLAGS)
 _SWITCH_FLAGS = frozenset({"manifest-only", "dry-run"})
@@ -104,6 +113,8 @@ class LauncherRequest:
     cache_root: str | None
     process_group_mode: str
     vllm_options: VllmOptions
+    gateway: bool = True
+    api_key_env: str | None = None
 
     @property
     def manifest_only(self) -> bool:
@@ -124,6 +135,7 @@ def parse_launcher_argv(argv: Sequence[str], env: Mapping[str, str]) -> Launcher
     delimiter = next((i for i, token in enumerate(argv) if token == "--"), len(argv))
     flags = _parse_flags(argv[:delimiter])
     options = classify_vllm_options(argv[delimiter + 1 :])
+    check_gateway_options(flags, options.transport)
     mode = _select_mode(flags)
     missing = [f"--{name}" for name in _REQUIRED_FLAGS if name not in flags]
     if missing:
@@ -146,6 +158,8 @@ def parse_launcher_argv(argv: Sequence[str], env: Mapping[str, str]) -> Launcher
         cache_root=flags.get("cache-root") or _under_home(env, DEFAULT_CACHE_SUBDIR),
         process_group_mode=flags.get("process-group-mode", "detached"),
         vllm_options=options,
+        gateway=flags.get(GATEWAY_FLAG, GATEWAY_ON) == GATEWAY_ON,
+        api_key_env=flags.get(API_KEY_ENV_FLAG),
     )
 
 

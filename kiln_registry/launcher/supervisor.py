@@ -23,39 +23,51 @@ supplies the argv, the exact child environment and a redacted argv for logs.
   limit of process-group supervision.
 * Readiness: ``GET /health`` over plain HTTP (no proxy, ever; see
   ``launcher.readiness``) until 200, the child exits, or the deadline passes.
-* ``AttemptsLog``: one JSON line per startup attempt (time, pid, redacted
-  argv, outcome), appended with a single ``write`` to a 0600 file opened
-  with ``O_APPEND | O_NOFOLLOW``.
+* A front (``Front``: the teacher gateway) is a second child started only
+  after the server is ready, in the same process group, and then polled on
+  its own address.  Either child exiting ends the supervision and drains the
+  whole group.  A drain signals the front first and gives it the grace
+  period to finish the requests in flight, then signals the group.
+* ``AttemptsLog`` (``launcher.attempts``) and ``SignalGate``
+  (``launcher.signals``) are re-exported here.
 
 Imports: standard library and ``kiln_registry.errors`` only.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from types import FrameType
+from dataclasses import dataclass, field
 
 from kiln_registry.errors import LauncherError, PolicyError
+from kiln_registry.launcher.attempts import (
+    MAX_ATTEMPT_LINE_BYTES,
+    MAX_ATTEMPTS_LOG_BYTES,
+    AttemptsLog,
+)
 from kiln_registry.launcher.readiness import (
     HEALTH_TIMEOUT_SECONDS,
     HealthTarget,
     check_port_free,
     health_ok,
 )
+from kiln_registry.launcher.signals import FORWARDED_SIGNALS, Interrupted, SignalGate
 
 __all__ = [
     "DETACHED",
+    "FORWARDED_SIGNALS",
     "HEALTH_TIMEOUT_SECONDS",
     "INHERITED",
+    "MAX_ATTEMPTS_LOG_BYTES",
+    "MAX_ATTEMPT_LINE_BYTES",
     "AttemptsLog",
+    "Front",
     "HealthTarget",
     "Interrupted",
     "ProcessGroup",
@@ -69,21 +81,11 @@ __all__ = [
     "supervise",
 ]
 
-FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-)
 DETACHED = "detached"
 INHERITED = "inherited"
 POLL_SECONDS = 0.05
 KILL_WAIT_SECONDS = 10.0
 MAX_PROC_ENTRIES = 4_194_304  # pid_max on 64-bit Linux
-MAX_ATTEMPT_LINE_BYTES = 64 * 1024
-# Past this size the log is renamed to ``<name>.1`` (replacing an older one)
-# before the next line, so a cache root holds at most about twice this much.
-MAX_ATTEMPTS_LOG_BYTES = 1024 * 1024
 
 
 def exit_status(returncode: int) -> int:
@@ -147,106 +149,6 @@ def check_inherited_group() -> None:
         )
 
 
-# -- the attempts log ---------------------------------------------------------
-
-
-class AttemptsLog:
-    """Append-only JSON lines, one per startup attempt outcome, rotated once at 1 MiB."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def _open(self) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            return os.open(self.path, flags, 0o600)
-        except OSError as exc:
-            raise LauncherError(
-                f"cannot open the attempts log {self.path}: {exc.strerror}",
-                rule="supervisor.attempts_log",
-            ) from None
-
-    def _open_bounded(self) -> int:
-        fd = self._open()
-        if os.fstat(fd).st_size < MAX_ATTEMPTS_LOG_BYTES:
-            return fd
-        os.close(fd)
-        try:
-            os.rename(self.path, f"{self.path}.1")
-        except FileNotFoundError:
-            pass  # another launcher sharing the cache root rotated it first
-        except OSError as exc:
-            raise LauncherError(
-                f"cannot rotate the attempts log {self.path}: {exc.strerror}",
-                rule="supervisor.attempts_log",
-            ) from None
-        return self._open()
-
-    def record(self, *, pid: int | None, argv: Sequence[str], outcome: str) -> None:
-        entry = {
-            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "pid": pid,
-            "argv": list(argv),
-            "outcome": outcome,
-        }
-        line = (json.dumps(entry, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
-        if len(line) > MAX_ATTEMPT_LINE_BYTES:
-            entry["argv"] = ["<argv too long to log>"]
-            line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-        fd = self._open_bounded()
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-
-
-# -- signals ------------------------------------------------------------------
-
-
-class Interrupted(BaseException):
-    """A forwarded signal arrived before the server was spawned."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"signal {signum}")
-        self.signum = signum
-
-
-class SignalGate:
-    """Catches SIGINT, SIGTERM, SIGHUP and SIGQUIT while installed (main thread only).
-
-    Before a spawn it raises ``Interrupted`` once, so long work unwinds
-    through its cleanup; after ``record_only()`` signals are queued for the
-    supervisor to forward.  The first signal decides the exit status.
-    """
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self._raise = True
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> SignalGate:
-        for sig in FORWARDED_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-
-    def record_only(self) -> None:
-        self._raise = False
-
-    @property
-    def first(self) -> int | None:
-        return self.received[0] if self.received else None
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
-        if self._raise:
-            self._raise = False
-            raise Interrupted(signum)
-
-
 # -- the supervised group -------------------------------------------------------
 
 
@@ -277,6 +179,33 @@ class ProcessGroup:
             ) from None
         self.pid = self.popen.pid
         self.pgid = self.pid if mode == DETACHED else os.getpgrp()
+        self.front: subprocess.Popen[bytes] | None = None
+
+    def start_front(self, front: Front) -> None:
+        """Start the front in this group (once, after the server is ready)."""
+        if self.front is not None:
+            raise LauncherError("the front was already started", rule="supervisor.front")
+        try:
+            self.front = subprocess.Popen(
+                list(front.argv),
+                cwd="/",
+                env=dict(front.env),
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                process_group=self.pgid if self.mode == DETACHED else None,
+            )
+        except OSError as exc:
+            raise LauncherError(
+                f"cannot start {os.path.basename(front.argv[0])}: {exc.strerror}",
+                rule="supervisor.spawn",
+            ) from None
+
+    def exited(self) -> subprocess.Popen[bytes] | None:
+        """The first child (server, then front) that has exited, if any."""
+        for child in (self.popen, self.front):
+            if child is not None and child.poll() is not None:
+                return child
+        return None
 
     @property
     def returncode(self) -> int | None:
@@ -313,21 +242,29 @@ class ProcessGroup:
         return True
 
     def drain(self, first: int = signal.SIGTERM, *, grace: float = 10.0) -> None:
-        """Signal, wait ``grace`` seconds, SIGKILL what remains, reap the child."""
+        """Signal (the front first), wait ``grace`` seconds, SIGKILL what remains, reap."""
+        deadline = time.monotonic() + grace
+        if self.front is not None and self.front.poll() is None:
+            self.front.send_signal(first)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.front.wait(grace)
         self.send(first)
-        if not self.wait_empty(grace):
+        if not self.wait_empty(max(1.0, deadline - time.monotonic())):
             self.send(signal.SIGKILL)
             if not self.wait_empty(KILL_WAIT_SECONDS):
                 raise LauncherError(
                     f"processes of group {self.pgid} survived SIGKILL",
                     rule="supervisor.drain",
                 )
-        try:
-            self.popen.wait(KILL_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            raise LauncherError(
-                f"child {self.pid} was not reaped", rule="supervisor.drain"
-            ) from None
+        for child in (self.popen, self.front):
+            if child is None:
+                continue
+            try:
+                child.wait(KILL_WAIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise LauncherError(
+                    f"child {child.pid} was not reaped", rule="supervisor.drain"
+                ) from None
 
     def wait_ready(
         self, target: HealthTarget, deadline: float, gate: SignalGate | None = None
@@ -336,7 +273,7 @@ class ProcessGroup:
         while True:
             if gate is not None and gate.received:
                 return "signal"
-            if self.popen.poll() is not None:
+            if self.exited() is not None:
                 return "exited"
             if health_ok(target, timeout=min(HEALTH_TIMEOUT_SECONDS, _left(deadline))):
                 return "ready"
@@ -347,6 +284,15 @@ class ProcessGroup:
 
 def _left(deadline: float) -> float:
     return max(0.01, deadline - time.monotonic())
+
+
+@dataclass(frozen=True, slots=True)
+class Front:
+    """A child started after the server is ready, polled at ``target`` (the gateway)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False)
+    target: HealthTarget
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,14 +309,22 @@ def supervise(
     attempts: AttemptsLog,
     redacted_argv: Sequence[str],
     options: SuperviseOptions = SuperviseOptions(),
+    front: Front | None = None,
 ) -> int:
     """Run the group in the foreground; return the launcher's exit status.
 
-    128+N when signal N arrived; the child's status when it exits by itself;
-    a ``LauncherError`` (status 2) when readiness misses its deadline.
+    128+N when signal N arrived; the status of the child that exited first
+    when one exits by itself; a ``LauncherError`` (status 2) when readiness
+    misses its deadline.  With a ``front`` it starts once ``target`` is ready,
+    and readiness then means the front's ``/health``.
     """
     gate.record_only()
-    outcome = group.wait_ready(target, time.monotonic() + options.ready_timeout, gate)
+    deadline = time.monotonic() + options.ready_timeout
+    outcome = group.wait_ready(target, deadline, gate)
+    if outcome == "ready" and front is not None:
+        group.start_front(front)
+        target = front.target
+        outcome = group.wait_ready(target, deadline, gate)
     attempts.record(pid=group.pid, argv=redacted_argv, outcome=_describe(outcome, group, gate))
     if outcome == "deadline":
         group.drain(signal.SIGTERM, grace=options.grace)
@@ -381,13 +335,14 @@ def supervise(
         )
     if outcome == "ready":
         sys.stderr.write(f"kiln-teacher: ready at {target.url}\n")
-        while gate.first is None and group.popen.poll() is None:
+        while gate.first is None and group.exited() is None:
             time.sleep(POLL_SECONDS)
     if gate.first is not None:
         group.drain(gate.first, grace=options.grace)
         return 128 + gate.first
-    status = exit_status(group.popen.wait())
-    group.drain(signal.SIGTERM, grace=options.grace)  # descendants left behind by the child
+    child = group.exited()
+    status = exit_status(child.wait() if child is not None else group.popen.wait())
+    group.drain(signal.SIGTERM, grace=options.grace)  # the other child and any descendants
     if outcome == "ready":
         attempts.record(pid=group.pid, argv=redacted_argv, outcome=f"exited:{status}")
     return status
@@ -395,7 +350,8 @@ def supervise(
 
 def _describe(outcome: str, group: ProcessGroup, gate: SignalGate) -> str:
     if outcome == "exited":
-        return f"exited:{exit_status(group.popen.wait())}"
+        child = group.exited() or group.popen
+        return f"exited:{exit_status(child.wait())}"
     if outcome == "signal":
         return f"signal:{gate.first}"
     return outcome

@@ -34,12 +34,15 @@ def _input(tmp_path: Path, **changes: object) -> Path:
     return path
 
 
-@pytest.mark.parametrize("vllm_installed", [True, False])
+@pytest.mark.parametrize(
+    ("vllm_installed", "gateway"), [(True, "off"), (False, "off"), (True, "on"), (False, None)]
+)
 def test_dry_run_with_identity_input(
-    tmp_path: Path, python_without_vllm: Path, vllm_installed: bool
+    tmp_path: Path, python_without_vllm: Path, vllm_installed: bool, gateway: str | None
 ) -> None:
     source = tmp_path / "models" / "teacher"
     flags = [f"--identity-input={_input(tmp_path)}", f"--model-path={source}", *LIMITS]
+    flags += [] if gateway is None else [f"--gateway={gateway}"]
     extras = ["--", "--host=127.0.0.1", "--port=8001", f"--api-key={SECRET}", "--dtype=bfloat16"]
     python = None if vllm_installed else python_without_vllm
     out = _run([*flags, "--dry-run", *extras], tmp_path, python)
@@ -63,13 +66,29 @@ def test_dry_run_with_identity_input(
         assert argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", f"--model={source}"]
     else:
         assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(source)]
-    redacted = ["--host=127.0.0.1", "--port=8001", "--api-key=<redacted>", "--dtype=bfloat16"]
-    assert argv[-4:] == redacted
+    if gateway == "off":
+        redacted = ["--host=127.0.0.1", "--port=8001", "--api-key=<redacted>", "--dtype=bfloat16"]
+        assert argv[-4:] == redacted
+        assert doc["boundary"]["mode"] == "vllm"
+    else:  # vLLM gets the private socket; the gateway takes the address and the key
+        assert argv[-2:] == ["--uds=<private runtime dir>/vllm.sock", "--dtype=bfloat16"]
+        assert not any(t.startswith(("--host", "--port", "--api-key")) for t in argv)
+        assert doc["boundary"] == {
+            "mode": "gateway",
+            "listen": "http://127.0.0.1:8001",
+            "routes": ["POST /v1/completions", "GET /v1/models", "GET /health"],
+            "api_key": "checked by the gateway (from --api-key)",
+            "vllm": "Unix socket <private runtime dir>/vllm.sock; no key; reachable only "
+            "through the gateway",
+        }
     assert f"--fingerprint-value={doc['system_fingerprint']}" in argv
     assert any("SOURCE paths" in note for note in doc["notes"])
-    manifest = _run([f"--identity-input={_input(tmp_path)}", *LIMITS, "--manifest-only",
+    off = [] if gateway is None else [f"--gateway={gateway}"]
+    manifest = _run([f"--identity-input={_input(tmp_path)}", *LIMITS, *off, "--manifest-only",
                      *extras], tmp_path)  # fmt: skip
-    assert json.loads(manifest.stdout)["system_fingerprint"] == doc["system_fingerprint"]
+    printed = json.loads(manifest.stdout)
+    assert printed["system_fingerprint"] == doc["system_fingerprint"]  # transport: no identity
+    assert printed.get("boundary", {}).get("mode") == ("vllm" if gateway == "off" else None)
 
 
 def test_dry_run_adapter_from_identity_input(tmp_path: Path) -> None:
