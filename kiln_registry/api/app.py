@@ -26,6 +26,7 @@ from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.deadline import RequestDeadline
 from kiln_registry.api.errors import install_error_handlers
 from kiln_registry.api.fast_lookup import CachedEntryLookup
+from kiln_registry.api.host_guard import install_host_guard
 from kiln_registry.api.limits import RequestBodyLimit
 from kiln_registry.api.openapi import install_openapi
 from kiln_registry.api.routes import admin, jobs, keys, system, teachers
@@ -92,6 +93,11 @@ def create_app(
     if ctx is not None:
         # Outside the cached lookup: every request, cached or not, is checked (issue 15).
         install_auth(app, ctx)
+        # Outermost: foreign Host headers and non-JSON bodies never reach auth or a route.
+        server = ctx.config.server
+        install_host_guard(
+            app, bound=server.host, allowed=server.allowed_hosts, cors=server.cors_origins
+        )
     app.include_router(teachers.router)
     app.include_router(system.router)
     app.include_router(jobs.router)

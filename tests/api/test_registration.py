@@ -272,8 +272,9 @@ def test_oversized_request_bodies_are_refused_before_reading(registry: RegistryS
             yield big[start : start + 8192]
 
     with registry.client() as http:
-        declared = http.post("/v1/teachers", content=big)
-        streamed = http.post("/v1/teachers", content=chunks())  # chunked, no Content-Length
+        json_type = {"content-type": "application/json"}  # issue 15: bodies must be JSON
+        declared = http.post("/v1/teachers", content=big, headers=json_type)
+        streamed = http.post("/v1/teachers", content=chunks(), headers=json_type)  # chunked
     for response in (declared, streamed):
         assert response.status_code == 413
         assert error_of(response)["code"] == "request_too_large"
