@@ -1,7 +1,7 @@
 """The ``[server]`` and ``[jobs]`` keys that confine what callers can do (issue 15).
 
 ``ServerGuardKeys`` is mixed into ``ServerConfig``; ``JobsGuardKeys`` into
-``JobsConfig``.  The keys:
+``JobsConfig``.  The ``[server]`` keys:
 
 * ``allowed_hosts``: the ``Host`` header values served (a name or address,
   with or without a port; ``*`` serves any).  Unset: the bound address,
@@ -11,9 +11,6 @@
 * ``teacher_hosts``: host patterns a teacher URL may name (``*.example.org``
   matches sub-domains, ``*`` any); unset allows any host.
 * ``max_teachers``: the most aliases the registry holds (default 10000).
-* ``[jobs] retain_days``: finished jobs (succeeded, failed, cancelled) older
-  than this are deleted with their result files by the workers' sweep;
-  unset keeps them.
 
 Imports pydantic and the standard library only.
 """
@@ -64,6 +61,6 @@ class ServerGuardKeys(BaseModel):
 
 
 class JobsGuardKeys(BaseModel):
-    model_config = _FROZEN
+    """``[jobs]`` keys of issue 15 (none yet: retention is not implemented)."""
 
-    retain_days: Annotated[StrictInt, Field(ge=1, le=36_500)] | None = None
+    model_config = _FROZEN
