@@ -24,10 +24,13 @@ supplies the argv, the exact child environment and a redacted argv for logs.
 * Readiness: ``GET /health`` over plain HTTP (no proxy, ever; see
   ``launcher.readiness``) until 200, the child exits, or the deadline passes.
 * A front (``Front``: the teacher gateway) is a second child started only
-  after the server is ready, in the same process group, and then polled on
-  its own address.  Either child exiting ends the supervision and drains the
-  whole group.  A drain signals the front first and gives it the grace
-  period to finish the requests in flight, then signals the group.
+  after the server is ready, and then polled on its own address.  In
+  ``inherited`` mode it shares the launcher's group; in ``detached`` mode it
+  gets its own session (a process cannot join a group of another session),
+  and both groups are signalled and drained together.  Either child exiting
+  ends the supervision and drains both.  A drain signals the front first and
+  gives it the grace period to finish the requests in flight, then signals
+  the rest.
 * ``AttemptsLog`` (``launcher.attempts``) and ``SignalGate``
   (``launcher.signals``) are re-exported here.
 
@@ -192,7 +195,7 @@ class ProcessGroup:
                 env=dict(front.env),
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
-                process_group=self.pgid if self.mode == DETACHED else None,
+                start_new_session=self.mode == DETACHED,
             )
         except OSError as exc:
             raise LauncherError(
@@ -213,19 +216,25 @@ class ProcessGroup:
 
     def members(self) -> list[int]:
         self.popen.poll()  # reap the direct child so it does not linger as a zombie
-        return group_members(self.pgid, exclude=os.getpid())
+        return [pid for pgid in self.pgids() for pid in group_members(pgid, exclude=os.getpid())]
+
+    def pgids(self) -> list[int]:
+        """The server's group, and in detached mode the front's own session group."""
+        front = self.front is not None and self.mode == DETACHED
+        return [self.pgid, self.front.pid] if front and self.front else [self.pgid]
 
     def send(self, signum: int) -> None:
         """Signal the group (detached) or every peer (inherited), never ourselves."""
         if self.mode == DETACHED:
-            try:
-                os.killpg(self.pgid, signum)
-            except ProcessLookupError:
-                pass
-            except PermissionError as exc:
-                raise LauncherError(
-                    f"cannot signal process group {self.pgid}", rule="supervisor.signal"
-                ) from exc
+            for pgid in self.pgids():
+                try:
+                    os.killpg(pgid, signum)
+                except ProcessLookupError:
+                    pass
+                except PermissionError as exc:
+                    raise LauncherError(
+                        f"cannot signal process group {pgid}", rule="supervisor.signal"
+                    ) from exc
             return
         for pid in self.members():
             try:
