@@ -27,11 +27,11 @@ import argparse
 import json
 import os
 import signal
+import socketserver
 import subprocess
 import sys
 import threading
 import time
-import socketserver
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SLEEPER = "import signal, sys, time\n{ignore}\nwhile True:\n    time.sleep(1)\n"
