@@ -22,11 +22,14 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from kiln_registry.api.errors import invalid_code
+from kiln_registry.api.jobs_schemas import MAX_INLINE_SEQUENCES, MAX_INLINE_TOKENS
 from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES
 from kiln_registry.errors import IdentityError, KilnError
 from kiln_registry.identity.canonical import strict_json_loads
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+# Every item of a valid body is a token, a sequence or one of a few fields.
+MAX_JSON_ITEMS = MAX_INLINE_TOKENS + MAX_INLINE_SEQUENCES + 64
 
 
 async def read_strict_json(request: Request) -> None:
@@ -38,6 +41,16 @@ async def read_strict_json(request: Request) -> None:
     body = await request.body()
     if not body:
         return
+    if body.count(b",") > MAX_JSON_ITEMS:
+        # Refused before parsing: a body of millions of tiny items would otherwise become
+        # Python lists many times its size (issue 15, attack 4).
+        raise KilnError(
+            f"request body holds more than {MAX_JSON_ITEMS} JSON items",
+            rule="json.too_many_items",
+            code=invalid_code(request.method, request.url.path),
+            status=400,
+            hint="send large inputs as a corpus file under [jobs] corpus_root",
+        )
     try:
         value = strict_json_loads(body, what="request body", max_bytes=MAX_JOB_REQUEST_BYTES)
     except IdentityError as exc:
