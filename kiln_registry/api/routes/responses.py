@@ -9,7 +9,9 @@ relaunch, ``408 request_timeout`` past ``request_timeout_secs``
 (``api.deadline``); every operation but ``/health`` can answer
 ``401 unauthorized`` / ``403 forbidden`` when API tokens are on
 (``auth.middleware``); a body over the size bound is ``413 request_too_large``
-(``api.limits``).  Imports the schemas only.
+(``api.limits``), and one that does not fit the shared in-flight budget
+``503 server_busy`` (listed on the operations that take a body).  Imports
+the schemas only.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ REGISTER = error_responses(
         ),
         413: ("request_too_large",),
         500: ("launcher_failed",),
-        **PROBE,
+        502: ("teacher_identity_probe_failed",),
+        503: ("teacher_identity_probe_busy", "server_busy"),
     }
 )
 LIST_TEACHERS = error_responses({})
@@ -101,6 +104,7 @@ SUBMIT_JOB = error_responses(
         400: ("job_invalid", "teacher_not_registered"),
         409: ("teacher_identity_required",),
         413: ("request_too_large",),
+        503: ("server_busy",),
     }
 )
 LIST_JOBS = error_responses({400: ("job_invalid",)})
