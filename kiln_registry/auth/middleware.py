@@ -223,4 +223,7 @@ def _json_text(body: bytes | None, key: str) -> str | None:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     value = doc.get(key) if isinstance(doc, dict) else None
-    return value if isinstance(value, str) else None
+    if not isinstance(value, str):
+        return None
+    # A refused body may hold a lone surrogate (issue 15, attack 6): never store one.
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
