@@ -126,13 +126,36 @@ def test_staged_identity_from_manifest_equals_a_full_hash(
 
 FAKE_MAIN = """
 import json, os, runpy, sys
-port = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--port="))
+listen = [a for a in sys.argv if a.startswith(("--port=", "--uds="))]
 with open(os.environ["FAKE_VLLM_RECORD"], "w") as out:
     json.dump({"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)}, out)
-pids = os.environ["FAKE_VLLM_RECORD"] + ".pids"
-sys.argv = ["fake_server", "--port=" + port, "--pid-file=" + pids]
+record = os.environ["FAKE_VLLM_RECORD"]
+sys.argv = ["fake_server", "--port=1", *listen, "--pid-file=" + record + ".pids",
+            "--record=" + record + ".requests"]
 runpy.run_path(os.environ["FAKE_VLLM_SERVER"], run_name="__main__")
 """
+
+
+def _check_gateway(port: int, vllm_argv: list[str]) -> None:
+    """Through the launcher's gateway: the key is required, the base alias is refused."""
+    import http.client
+
+    module = json.loads(next(t for t in vllm_argv if t.startswith("--lora-modules="))[15:])
+
+    def post(model: str, key: str | None) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        headers = {"content-type": "application/json"}
+        headers |= {"authorization": f"Bearer {key}"} if key else {}
+        body = json.dumps({"model": model, "prompt": [1, 2], "max_tokens": 1})
+        try:
+            conn.request("POST", "/v1/completions", body=body, headers=headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    assert post("adapter", None) == 401
+    assert post(module["base_model_name"], "launch-secret") == 404
+    assert post("adapter", "launch-secret") == 200
 
 
 def _fake_vllm_venv(root: Path) -> Path:
@@ -207,7 +230,13 @@ def test_real_launch_path_with_a_stand_in_vllm(
         assert started["cwd"] == "/"
         assert started["argv"][1:3] == ["serve", str(snapshot / "model")]
         assert f"--fingerprint-value={announced['fingerprint']}" in started["argv"]
-        assert "--api-key=launch-secret" in started["argv"]
+        # The gateway is on by default: vLLM gets the private socket, no address, no key.
+        assert not any(t.startswith(("--api-key", "--port", "--host")) for t in started["argv"])
+        uds = next(t[6:] for t in started["argv"] if t.startswith("--uds="))
+        assert Path(uds).parent.name.startswith("kiln-") and Path(uds).name == "vllm.sock"
+        assert announced["url"] == f"http://127.0.0.1:{port}"
+        assert announced["boundary"]["mode"] == "gateway"
+        _check_gateway(port, started["argv"])
         cache = Path(started["env"]["VLLM_CACHE_ROOT"])
         assert cache.parent == caches and cache.name.startswith("cache-")
         assert started["env"]["PYTHONDONTWRITEBYTECODE"] == "1"
@@ -221,6 +250,11 @@ def test_real_launch_path_with_a_stand_in_vllm(
         launcher.communicate(timeout=60)
     assert launcher.returncode == 128 + signal.SIGTERM, err
     assert "launch-secret" not in err + (caches / "attempts.jsonl").read_text()
+    assert not Path(uds).parent.exists()  # the private runtime directory is removed
+    seen = [json.loads(line) for line in Path(f"{record}.requests").read_text().splitlines()]
+    assert {(s["method"], s["path"]) for s in seen} == {("GET", "/health"),
+                                                       ("POST", "/v1/completions")}  # fmt: skip
+    assert all("authorization" not in s["headers"] for s in seen)
     assert not any(p.name.startswith(("ready-", ".building-")) for p in snapshots.iterdir())
     assert not any(p.name.startswith("cache-") for p in caches.iterdir())
     assert not Path(started["env"]["TMPDIR"]).exists()
