@@ -14,8 +14,9 @@ query or a fragment.  Imports httpx, pydantic, ``kiln_registry.errors`` and
 ``kiln_registry.api.schemas`` only; never FastAPI, the database, the probe or
 the launcher.  Nothing happens at import time.
 
-Access (issue 15): ``token`` is sent as ``Authorization: Bearer`` (it never
-appears in ``repr`` or an error); TLS is verified against the system store
+Access (issue 15): ``token`` (else the variable ``token_env`` names, else
+``$KILN_TOKEN``) is sent as ``Authorization: Bearer`` (it never appears in
+``repr`` or an error); TLS is verified against the system store
 or ``ca_file``, with ``client_cert`` (cert, key) for mutual TLS
 (``kiln_registry.client_tls``).
 """
@@ -23,6 +24,7 @@ or ``ca_file``, with ``client_cert`` (cert, key) for mutual TLS
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
 from pathlib import Path
 from types import TracebackType
@@ -44,7 +46,7 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
-from kiln_registry.client_tls import check_token, tls_context
+from kiln_registry.client_tls import check_token, tls_context, token_from_env
 from kiln_registry.errors import InputError, KilnError
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
@@ -145,6 +147,7 @@ class RegistryClient:
         trust_env: bool = False,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         token: str | None = None,
+        token_env: str | None = None,
         ca_file: Path | None = None,
         client_cert: tuple[Path, Path] | None = None,
     ) -> None:
@@ -153,6 +156,8 @@ class RegistryClient:
         self.base_url = check_base_url(base_url)
         self._limit = max_response_bytes
         headers = {"accept": "application/json", "accept-encoding": "identity"}
+        if token is None:
+            token = token_from_env(token_env, os.environ)  # $token_env, else $KILN_TOKEN
         if token is not None:
             headers["authorization"] = f"Bearer {check_token(token)}"
         self._http = httpx.Client(
