@@ -31,6 +31,9 @@ from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
 JOB_PROBE_TIMEOUT_S = 60.0
+REGISTRATION_PROBES = 4
+REGISTRATION_PROBES_PER_CALLER = 2
+JOB_PROBES = 2
 
 
 @dataclass
@@ -67,7 +70,12 @@ class RegistryContext:
     student: StudentView
     database_revision: str
     readers: sessionmaker[Session] | None = None
-    probe_limiter: ProbeLimiter = field(default_factory=ProbeLimiter)
+    # Registrations and re-probes: one caller holds at most half the slots (issue 15).
+    probe_limiter: ProbeLimiter = field(
+        default_factory=lambda: ProbeLimiter(REGISTRATION_PROBES, REGISTRATION_PROBES_PER_CALLER)
+    )
+    # Jobs have their own capacity, so registrations can never starve them (or the reverse).
+    job_probe_limiter: ProbeLimiter = field(default_factory=lambda: ProbeLimiter(JOB_PROBES))
     metrics: Metrics = field(default_factory=Metrics)
     http: httpx.AsyncClient | None = None
     entries: EntryCache | None = None

@@ -8,7 +8,8 @@ the identity reader (``identity.canonical.strict_json_loads``: duplicate
 keys, lone surrogates, NaN/Infinity, numbers that overflow, over-deep
 nesting and invalid UTF-8 are refused) and refuses with 400 and the
 endpoint's invalid-request code (``api.errors.invalid_code``) before any
-handler, probe or write runs.  Integer ranges are bounded in the schemas.
+handler, probe or write runs.  The route also names the caller for the
+per-caller probe slots (``probe.client.PROBE_CALLER``).  Integer ranges are bounded in the schemas.
 
 Imports FastAPI/Starlette, ``identity.canonical`` and ``api.errors``.
 """
@@ -26,6 +27,7 @@ from kiln_registry.api.jobs_schemas import MAX_INLINE_SEQUENCES, MAX_INLINE_TOKE
 from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES
 from kiln_registry.errors import IdentityError, KilnError
 from kiln_registry.identity.canonical import strict_json_loads
+from kiln_registry.probe.client import PROBE_CALLER
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 # Every item of a valid body is a token, a sequence or one of a few fields.
@@ -64,8 +66,23 @@ async def read_strict_json(request: Request) -> None:
     request._json = value  # Starlette's cache: ``request.json()`` returns it as is
 
 
+def caller_key(scope: Any) -> str | None:
+    """Who is calling, for per-caller probe slots: the token's name, else the client address."""
+    state = scope.get("state")
+    token = state.get("kiln_token") if isinstance(state, dict) else None
+    name = getattr(token, "name", None)
+    if isinstance(name, str):
+        return "token:" + name
+    client = scope.get("client")
+    return "addr:" + str(client[0]) if client else None
+
+
 class StrictJsonRoute(APIRoute):
-    """An ``APIRoute`` whose JSON body, when it has one, is read strictly first."""
+    """An ``APIRoute`` whose JSON body, when it has one, is read strictly first.
+
+    It also names the caller for the probe limiter (``PROBE_CALLER``) while the
+    endpoint runs, so one caller holds at most its share of probe slots.
+    """
 
     def get_route_handler(self) -> Handler:
         handler = super().get_route_handler()
@@ -74,6 +91,10 @@ class StrictJsonRoute(APIRoute):
 
         async def strict_handler(request: Request) -> Response:
             await read_strict_json(request)
-            return await handler(request)
+            caller = PROBE_CALLER.set(caller_key(request.scope))
+            try:
+                return await handler(request)
+            finally:
+                PROBE_CALLER.reset(caller)
 
         return strict_handler

@@ -18,6 +18,7 @@ nothing at import time.  Imports httpx, ``probe.parse``/``verify``/``report``,
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import ssl
 import threading
@@ -58,14 +59,26 @@ class SecretSource(Protocol):
     def read(self) -> str: ...
 
 
-class ProbeLimiter:
-    """A non-blocking slot counter: more than ``max_in_flight`` probes get ProbeBusy."""
+TOTAL_PROBE_FACTOR = 2  # a registration's probes together: at most twice one request's timeout
 
-    def __init__(self, max_in_flight: int = 2) -> None:
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1")
+# Who is probing: the API sets it per request (token name, else client address); None
+# for the job workers, which have their own limiter.
+PROBE_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "kiln_probe_caller", default=None
+)
+
+
+class ProbeLimiter:
+    """A non-blocking slot counter: past ``max_in_flight`` probes in all, or
+    ``max_per_caller`` for one caller (``PROBE_CALLER``), a probe gets ProbeBusy."""
+
+    def __init__(self, max_in_flight: int = 2, max_per_caller: int | None = None) -> None:
+        if max_in_flight < 1 or (max_per_caller is not None and max_per_caller < 1):
+            raise ValueError("max_in_flight and max_per_caller must be at least 1")
         self._max = max_in_flight
+        self._per_caller = max_per_caller or max_in_flight
         self._in_flight = 0
+        self._by_caller: dict[str, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -73,16 +86,27 @@ class ProbeLimiter:
         return self._in_flight
 
     @contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, caller: str | None = None) -> Iterator[None]:
         with self._lock:
             if self._in_flight >= self._max:
                 raise ProbeBusy(f"{self._in_flight} teacher probes are already in flight")
+            held = self._by_caller.get(caller, 0) if caller is not None else 0
+            if held >= self._per_caller:
+                raise ProbeBusy(f"this caller already has {held} teacher probes in flight")
             self._in_flight += 1
+            if caller is not None:
+                self._by_caller[caller] = held + 1
         try:
             yield
         finally:
             with self._lock:
                 self._in_flight -= 1
+                if caller is not None:
+                    left = self._by_caller[caller] - 1
+                    if left:
+                        self._by_caller[caller] = left
+                    else:
+                        del self._by_caller[caller]
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,20 +404,27 @@ async def probe_teacher(
     attached (``probe.report.attached_report(exc)``); a full limiter raises
     ``ProbeBusy``.
     """
-    with limiter.slot():
+    with limiter.slot(PROBE_CALLER.get()):
         t = _Target(http, completions_url, model_id, secret, timeout_s)
         rec = _Recorder(completions_url, model_id, secret is not None)
         identity: TeacherIdentity | None = None
         try:
-            first = await _scored(t, rec, "discover", 1, PROBE_PROMPT, None, pinned, student)
-            identity = first.identity
-            if identity.max_model_len < len(PROBE_PROMPT) + 1:
-                fail(
-                    "max_model_len", f"max_model_len {identity.max_model_len} cannot fit the probe"
-                )
-            k = identity.max_top_k
-            await _scored(t, rec, "max_top_k", k, PROBE_PROMPT, identity, pinned, student)
-            await _cap_probe(t, rec, identity)
+            # All three probes together are bounded too (issue 15: slot starvation).
+            async with asyncio.timeout(TOTAL_PROBE_FACTOR * timeout_s):
+                first = await _scored(t, rec, "discover", 1, PROBE_PROMPT, None, pinned, student)
+                identity = first.identity
+                if identity.max_model_len < len(PROBE_PROMPT) + 1:
+                    fail("max_model_len", f"max_model_len {identity.max_model_len} is too small")
+                k = identity.max_top_k
+                await _scored(t, rec, "max_top_k", k, PROBE_PROMPT, identity, pinned, student)
+                await _cap_probe(t, rec, identity)
+        except TimeoutError:
+            total = ProbeFailed(
+                f"the probes took longer than {TOTAL_PROBE_FACTOR} x {timeout_s:g} s in all",
+                rule="probe.timeout",
+            )
+            attach_report(total, rec.finish(identity, total))
+            raise total from None
         except KilnError as exc:
             attach_report(exc, rec.finish(identity, exc))
             raise

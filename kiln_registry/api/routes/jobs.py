@@ -145,7 +145,7 @@ async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext)
         http=ctx.client(),
         teacher_tls=tls,
         student=ctx.student,
-        probe_limiter=ctx.probe_limiter,
+        probe_limiter=ctx.job_probe_limiter,  # jobs' own probe capacity (issue 15)
         count_probe=ctx.metrics.count_probe,
         probe_timeout_s=JOB_PROBE_TIMEOUT_S,
     )
