@@ -7,6 +7,7 @@ process while the server runs and must apply to the very next request.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -191,3 +192,30 @@ def test_last_used_is_written_in_batches(
         rows = dict(conn.execute("SELECT name, last_used_at FROM api_tokens").fetchall())
     # The first use is written (on the next request); later uses wait a minute.
     assert rows["reader"] is not None and rows["root"] is None
+
+
+def test_kiln_teachers_release_and_kiln_audit_need_an_admin_token(
+    secured: tuple[RegistryServer, dict[str, str]],
+) -> None:
+    registry, t = secured
+    with registry.client() as http:
+        assert (
+            http.post("/v1/teachers", json=FIXTURE, headers=bearer(t["register"])).status_code
+            == 200
+        )
+        assert http.delete("/v1/teachers/pinned", headers=bearer(t["register"])).status_code == 200
+
+    def kiln(*argv: str, token: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "kiln_registry.cli.main", *argv, "--server", registry.url],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "KILN_TOKEN": token},
+        )  # fmt: skip
+
+    refused = kiln("teachers", "release", "pinned", token=t["register"])
+    assert refused.returncode == 2 and "forbidden" in refused.stderr
+    released = kiln("teachers", "release", "pinned", token=t["admin"])
+    assert released.returncode == 0 and "released pinned" in released.stdout
+    shown = kiln("audit", "--limit", "2", token=t["admin"])
+    assert shown.returncode == 0 and "alias.release\tpinned\tok" in shown.stdout
+    assert kiln("audit", token=t["read"]).returncode == 2
