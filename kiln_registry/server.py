@@ -2,10 +2,12 @@
 
 The order is the fail-closed order: the configuration (with any ``--host`` /
 ``--port`` override, re-validated as a whole so a port collision is caught)
-and every secret variable are checked before anything is opened; logging is
-configured with secret redaction; the student is loaded with the
-``tokenizers`` library (no torch); the database is upgraded to head in one
-transaction (a newer revision is refused); local aliases are marked
+and every secret variable are checked before anything is opened; then access
+control (``auth.serving``: ``auth = "off"`` on a non-loopback host is refused
+unless ``--insecure-no-auth``, and TLS files are loaded once so a bad one
+stops the start); logging is configured with secret and token redaction; the
+student is loaded with the ``tokenizers`` library (no torch); the database is
+upgraded to head in one transaction (a newer revision is refused); local aliases are marked
 unavailable (``local.service.reconcile_at_startup``); only then does the
 server bind its port.  On exit (uvicorn handles SIGINT/SIGTERM) the context
 closes, which drains every local teacher's process group and removes its
