@@ -258,6 +258,10 @@ class TeacherEntry(WireModel):
 
 class TeachersListResponse(WireModel):
     teachers: list[TeacherEntry]
+    next_cursor: str | None = Field(
+        default=None,
+        description="Registry extension: pass as `cursor` for the next page; absent on the last.",
+    )
 
 
 class DeleteTeacherResponse(WireModel):

@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.entries import entry_from_row, stored_identity
 from kiln_registry.api.live_status import NO_CHECKS, ReadChecks, assess
+from kiln_registry.api.paging import DEFAULT_PAGE, decode_cursor, encode_cursor
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
     ProbeOutcome,
@@ -250,10 +251,16 @@ def entry_of(ctx: RegistryContext, row: TeacherRow) -> TeacherEntry:
     return entry_from_row(row, fixed or checks.problem(ctx.config))
 
 
-def list_teachers(ctx: RegistryContext) -> TeachersListResponse:
+def list_teachers(
+    ctx: RegistryContext, limit: int = DEFAULT_PAGE, cursor: str | None = None
+) -> TeachersListResponse:
+    """One page of aliases in alias order; ``next_cursor`` names the next page, if any."""
+    after = decode_cursor(cursor) if cursor is not None else None
     with ctx.reading() as session:
-        rows = TeacherRepository(session).list_all()
-        return TeachersListResponse(teachers=[entry_of(ctx, r) for r in rows])
+        rows = TeacherRepository(session).list_all(limit + 1, after=after)
+        page = [entry_of(ctx, r) for r in rows[:limit]]
+    more = encode_cursor(rows[limit - 1].alias) if len(rows) > limit else None
+    return TeachersListResponse(teachers=page, next_cursor=more)
 
 
 def get_teacher(ctx: RegistryContext, alias: str) -> TeacherEntry:

@@ -148,10 +148,12 @@ class TeacherRepository:
                     rule="alias.lookalike",
                 )
 
-    def list_all(self, limit: int = MAX_LIST_LIMIT) -> list[TeacherRow]:
-        """Up to ``limit`` teachers, ordered by alias."""
+    def list_all(self, limit: int = MAX_LIST_LIMIT, after: str | None = None) -> list[TeacherRow]:
+        """Up to ``limit`` teachers, ordered by alias (those after ``after`` when given)."""
         _check_limit(limit, MAX_LIST_LIMIT, "limit")
         query = select(TeacherRow).order_by(TeacherRow.alias).limit(limit)
+        if after is not None:
+            query = query.where(TeacherRow.alias > after)
         return list(self._session.scalars(query))
 
     def delete(self, alias: str) -> bool:

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.aliases import ALIAS_RULE_TEXT
 from kiln_registry.api import teachers_service as service
 from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
 from kiln_registry.api.schemas import (
@@ -49,9 +50,13 @@ Alias = Annotated[
     response_model=TeachersListResponse,
     responses=errors.LIST_TEACHERS,
 )
-async def list_teachers(ctx: Ctx) -> TeachersListResponse:
-    """Every registered alias, ordered by alias."""
-    return await run_in_threadpool(service.list_teachers, ctx)
+async def list_teachers(
+    ctx: Ctx,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
+) -> TeachersListResponse:
+    """Registered aliases, ordered by alias, one page at a time (`next_cursor`)."""
+    return await run_in_threadpool(service.list_teachers, ctx, limit, cursor)
 
 
 @router.post(
