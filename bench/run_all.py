@@ -106,6 +106,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         Figure("cached re-run speedup", lambda r: [x["cached_speedup"] for x in r["rounds"]],
                50, True),
     ), "OPD scoring job against the reference teacher; cached re-run vs cold"),
+    Benchmark("gateway", ("bench_gateway.py", "--rounds", "5"), (
+        Figure("gateway / vLLM socket directly", lambda r: [x["ratio"] for x in r["rounds"]],
+               0.95, True),
+    ), "scoring throughput through the teacher gateway vs the upstream's socket (20 ms upstream)"),
 )  # fmt: skip
 
 
