@@ -18,7 +18,9 @@ def test_teachers_are_listed_in_pages(registry: RegistryServer) -> None:
         seen: list[str] = []
         cursor = None
         for _ in range(10):
-            params: dict[str, str | int] = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+            params: dict[str, str | int] = {"limit": 3}
+            if cursor:
+                params["cursor"] = cursor
             page = http.get("/v1/teachers", params=params).json()
             assert len(page["teachers"]) <= 3
             seen += [t["spec"]["alias"] for t in page["teachers"]]
