@@ -83,6 +83,8 @@ def test_the_job_commands_end_to_end(
 
         # The alias now names another identity: the corpus is no longer the registered one.
         assert reg.http.delete("/v1/teachers/t").status_code == 200
+        # A deleted alias stays reserved until an admin releases it (issue 15).
+        assert reg.http.post("/v1/admin/aliases/t/release").status_code == 200
         reg.register("t", f"http://127.0.0.1:{second.port}", "teacher-tiny")
         assert run(["corpus", "verify", str(corpus), *server]) == 2
         assert "corpus.identity_not_registered" in capsys.readouterr().err
