@@ -18,7 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-import kiln_registry.auth.models  # noqa: F401  (registers the access-control tables)
+import kiln_registry.auth.models
 import kiln_registry.jobs.models  # noqa: F401  (registers the job tables on the metadata)
 from kiln_registry.db.engine import (
     current_revision,
