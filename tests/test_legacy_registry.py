@@ -462,6 +462,8 @@ def test_migrated_aliases_over_the_http_api(
                 "status": "deleted", "alias": alias,
             }  # fmt: skip
             assert http.get(f"/v1/teachers/{alias}").status_code == 404
+            # A deleted alias stays reserved until an admin releases it (issue 15).
+            assert http.post(f"/v1/admin/aliases/{alias}/release").status_code == 200
             fresh = http.post(
                 "/v1/teachers", json=remote(alias, origin + "/v1", credential_id="tls")
             )

@@ -145,6 +145,8 @@ def test_alias_deleted_or_replaced_after_submission_fails_phase_a(world: World) 
         deleted = world.reg.submit("deleted", 2, sequences=SEQS).json()["id"]
         for alias in ("replaced", "deleted"):
             assert world.reg.http.delete(f"/v1/teachers/{alias}").status_code == 200
+        # A deleted alias stays reserved until an admin releases it (issue 15).
+        assert world.reg.http.post("/v1/admin/aliases/replaced/release").status_code == 200
         world.reg.register("replaced", url, "teacher-tiny")  # same teacher, new registration
     for job_id, rule in ((replaced, "job.teacher_replaced"), (deleted, "job.teacher_deleted")):
         job = world.reg.wait(job_id)
