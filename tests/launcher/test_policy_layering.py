@@ -11,12 +11,12 @@ import pytest
 import kiln_registry.launcher
 
 LAUNCHER_DIR = Path(kiln_registry.launcher.__file__).parent
-POLICY_MODULES = ("policy.py", "policy_options.py", "policy_tables.py", "policy_env.py")
-ALLOWED_PROJECT_IMPORTS = {
-    "kiln_registry.errors",
-    "kiln_registry.launcher.policy_env",
-    "kiln_registry.launcher.policy_options",
-    "kiln_registry.launcher.policy_tables",
+# Every policy module (policy.py and policy_*.py) is pure and may import the others.
+POLICY_MODULES = tuple(sorted(path.name for path in LAUNCHER_DIR.glob("policy*.py")))
+ALLOWED_PROJECT_IMPORTS = {"kiln_registry.errors"} | {
+    f"kiln_registry.launcher.{module.removesuffix('.py')}"
+    for module in POLICY_MODULES
+    if module != "policy.py"
 }
 # Standard-library modules that would give a pure policy I/O or process power.
 FORBIDDEN_STDLIB = {
