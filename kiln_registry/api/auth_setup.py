@@ -27,6 +27,7 @@ def install_auth(app: FastAPI, ctx: RegistryContext) -> None:
         table=table,
         store=AuthStore(ctx.writing),
         metrics_public=server.metrics_public,
+        secret_names=ctx.config.secret_env_names(),
     )
 
 

@@ -36,6 +36,7 @@ from kiln_registry.auth.cache import TokenTable
 from kiln_registry.auth.scopes import audit_action, required_scope
 from kiln_registry.auth.store import AuthStore
 from kiln_registry.auth.tokens import TokenIdentity
+from kiln_registry.credentials.redaction import redact_text
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -96,11 +97,14 @@ class AuthMiddleware:
         table: TokenTable | None,
         store: AuthStore | None,
         metrics_public: bool = False,
+        secret_names: frozenset[str] = frozenset(),
     ) -> None:
         self._app = app
         self._table = table
         self._store = store
         self._metrics_public = metrics_public
+        # A refused body's alias is the caller's text: scrub every configured secret from it.
+        self._secret_names = secret_names
 
     def _check(self, scope: Scope, needed: str) -> tuple[TokenIdentity | None, Refusal | None]:
         """The caller (None if unknown) and the refusal (None when allowed)."""
@@ -197,6 +201,8 @@ class AuthMiddleware:
             source = request_body if action == "teacher.register" else response_body
             key = "alias" if action == "teacher.register" else "id"
             target = _json_text(source, key)
+        if target is not None:
+            target = redact_text(target, self._secret_names)
         outcome = "ok" if status < 400 else "refused" if status < 500 else "failed"
         name = None if identity is None else identity.name
         store = self._store
