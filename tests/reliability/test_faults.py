@@ -196,7 +196,16 @@ def test_fingerprint_changed_after_registration(
         probed = http.post("/v1/teachers/drifts/probe")
         assert probed.status_code == 502, probed.text
         assert "probe.fingerprint_pinned" in error_of(probed)["message"]
-        assert http.get("/v1/teachers/drifts").json() == entry
+        # A failed re-probe makes the alias unavailable (docs/operations.md "Status and live
+        # checks"); the registration itself (spec, identity) is left as it was.
+        after = http.get("/v1/teachers/drifts").json()
+        assert (after["status"], after["usable"]) == ("unavailable", False), after
+        assert after["status_message"].startswith("re-probe failed ("), after
+        assert "teacher_identity_probe_failed" in after["status_message"], after
+        assert "is not the pinned" in after["status_message"], after
+        changed = {"status", "usable", "status_message", "capabilities"}
+        kept = {key: value for key, value in after.items() if key not in changed}
+        assert kept == {key: value for key, value in entry.items() if key not in changed}
         receipts = http.get("/v1/teachers/drifts/receipts").json()["receipts"]
         assert [r["outcome"] for r in receipts] == ["failed", "passed"]
         assert receipts[0]["report"]["failure"]["rule"] == "probe.fingerprint_pinned"
