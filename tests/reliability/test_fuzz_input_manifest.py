@@ -46,7 +46,9 @@ HEX_FIELDS = (
     "tokenizer_config_sha256",
     "runtime_content_sha256",
 )
-BAD_TEXT = ("", " x", "x ", "a\nb", "\x00", "x" * 257, "\u2028x", "\x85", "é" * 129)
+# Kiln's runtime values: 1..=512 UTF-8 bytes without C0 or DEL (edge spaces, C1 and
+# U+2028 are allowed), so each of these breaks exactly one of those rules.
+BAD_TEXT = ("", "a\nb", "\x00", "x\x7f", "\tx", "x" * 513, "é" * 257, "€" * 171)
 BAD_HEX = ("A" * 64, "a" * 63, "a" * 65, "g" * 64, "sha256:" + "a" * 64, "")
 WRONG_TYPES: st.SearchStrategy[object] = st.sampled_from((None, True, 1, 1.5, [], {}))
 
@@ -114,7 +116,8 @@ def _bad_value(draw: st.DrawFn, key: str, doc: dict[str, Any], current: object) 
         assert isinstance(current, int)
         return draw(st.sampled_from((-1, current + 1, 256, 0.0, True, None)))
     if key == "total_memory_bytes":
-        return draw(st.sampled_from((0, -1, 2**64, 1.5, True, "1", None)))
+        # 0 is valid: Kiln's CPU, Metal and unknown devices report no memory.
+        return draw(st.sampled_from((-1, 2**64, 1.5, True, "1", None)))
     if key == "adapter":
         return draw(st.sampled_from((1, "x", [], {"name": "x"})))
     return draw(st.sampled_from(BAD_TEXT) | WRONG_TYPES)
