@@ -77,7 +77,7 @@ REGISTER = error_responses(
         503: ("teacher_identity_probe_busy", "server_busy"),
     }
 )
-LIST_TEACHERS = error_responses({})
+LIST_TEACHERS = error_responses({400: ("invalid_request",)})  # a bad limit or cursor
 GET_TEACHER = error_responses({404: ("teacher_not_found",)})
 DELETE_TEACHER = error_responses({404: ("teacher_not_found",), 409: ("teacher_launch_conflict",)})
 PROBE_TEACHER = error_responses(
