@@ -106,21 +106,25 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
     class HeaderDeadlineHttpTools(_HeaderDeadline, HttpToolsProtocol):
         """httptools with the header deadline and a bound on header bytes.
 
-        httptools has no header-size option: bytes received while a request's
-        head is incomplete are counted, and past ``MAX_HEADER_BYTES`` (checked
-        after each read is parsed, so a head and its body in one read are never
-        miscounted; at most one read over) the client gets 431 and the
-        connection is closed.
+        httptools has no header-size option.  A head that completes is measured
+        from its parsed parts (target and header lines); one still incomplete
+        after a read is measured by the bytes read so far (at most one read
+        over).  Past ``MAX_HEADER_BYTES`` the client gets 431 and the connection
+        is closed; a head and its body in one read are never miscounted.
         """
 
-        _head_bytes = 0
+        _head_bytes = 0  # bytes read while the head is incomplete
+        _head_size = 0  # the parsed head: request target and header lines
         _in_head = True
+        _refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm_header_deadline()
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
             if self._in_head:
                 self._head_bytes += len(data)
             super().data_received(data)
@@ -128,11 +132,22 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
                 self._refuse_head()
 
         def on_message_begin(self) -> None:
-            self._in_head = True
+            self._in_head, self._head_size = True, 0
             super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._head_size += len(url)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._head_size += len(name) + len(value) + 4
+            super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             self._in_head, self._head_bytes = False, 0
+            if self._head_size > MAX_HEADER_BYTES:  # a whole head that arrived in one read
+                self._refuse_head()
+                return
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
@@ -144,7 +159,16 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
             self._disarm_header_deadline()
             super().connection_lost(exc)
 
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
+
         def _refuse_head(self) -> None:
+            self._refused = True
             if not self.transport.is_closing():
                 self.transport.write(HEAD_TOO_LARGE)
                 self.transport.close()

@@ -82,3 +82,18 @@ def test_a_head_over_the_bound_is_refused(port: int) -> None:
             return
         answer = _read_all(sock)
         assert not answer.startswith(b"HTTP/1.1 200")
+
+
+def test_a_whole_oversized_head_in_one_read(port: int, request: pytest.FixtureRequest) -> None:
+    """httptools measures the parsed head and refuses it; h11 bounds only what it buffers
+    incomplete, so a complete head that arrived in one read (at most 64 KiB) is served."""
+    big = b"a" * (serve_guard.MAX_HEADER_BYTES + 1024)
+    raw = b"GET /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + big + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            sock.sendall(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            return
+        answer = _read_all(sock) if "httptools" in request.node.name else sock.recv(4096)
+        refused = not answer.startswith(b"HTTP/1.1 200")
+        assert refused == ("httptools" in request.node.name), answer[:80]
