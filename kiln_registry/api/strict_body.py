@@ -86,7 +86,8 @@ class StrictJsonRoute(APIRoute):
 
     def get_route_handler(self) -> Handler:
         handler = super().get_route_handler()
-        if not any(method in self.methods for method in ("POST", "PUT", "PATCH")):
+        methods = self.methods or set()
+        if not any(method in methods for method in ("POST", "PUT", "PATCH")):
             return handler
 
         async def strict_handler(request: Request) -> Response:
