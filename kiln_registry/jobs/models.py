@@ -1,8 +1,8 @@
 """SQLAlchemy rows of the job queue, on the registry's declarative ``Base``.
 
-Owns the Python view of ``jobs``, ``job_sequences``, ``score_cache`` and
-``device_leases`` (created by ``migrations/versions/0002_jobs.py``, which is
-the schema's owner) and the allowed values of their CHECK columns.  The rows
+Owns the Python view of ``jobs``, ``job_sequences``, ``score_cache``,
+``generation_cache`` and ``device_leases`` (created by ``migrations/versions/0002_jobs.py``
+and ``0005_off_policy_generation.py``, the schema's owners) and the allowed values of their CHECK columns.  The rows
 share ``kiln_registry.db.models.Base`` so ``db.models.metadata`` describes the
 whole migrated schema once this module is imported.
 
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from kiln_registry.db.models import Base
 
-JOB_KINDS: Final = ("teacher_scoring",)
+JOB_KINDS: Final = ("teacher_scoring", "off_policy_generation")
 JOB_STATUSES: Final = ("queued", "probing", "running", "succeeded", "failed", "cancelled")
 ACTIVE_STATUSES: Final = ("probing", "running")
 TERMINAL_STATUSES: Final = ("succeeded", "failed", "cancelled")
@@ -89,6 +89,8 @@ class JobRow(Base):
     result_path: Mapped[str | None] = mapped_column(Text)
     result_sha256: Mapped[str | None] = mapped_column(Text)
     result_bytes: Mapped[int | None] = mapped_column(Integer)
+    # Off-policy generation jobs (0005): canonical sampling settings; NULL for scoring.
+    generation_json: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"JobRow(id={self.id!r}, status={self.status!r}, teacher={self.teacher_alias!r})"
@@ -108,6 +110,25 @@ class JobSequenceRow(Base):
     seq_id: Mapped[str] = mapped_column(Text)
     token_ids: Mapped[bytes] = mapped_column(LargeBinary)
     token_sha256: Mapped[str] = mapped_column(Text)
+    # Off-policy generation jobs (0005): the prompt's canonical chat messages.
+    messages_json: Mapped[str | None] = mapped_column(Text)
+
+
+class GenerationCacheRow(Base):
+    """One verified generation, keyed by identity, sampling settings and prompt ids (0005)."""
+
+    __tablename__ = "generation_cache"
+    __table_args__ = (
+        PrimaryKeyConstraint(
+            "identity_digest", "settings_sha256", "prompt_sha256", name="pk_generation_cache"
+        ),
+    )
+
+    identity_digest: Mapped[str] = mapped_column(Text)
+    settings_sha256: Mapped[str] = mapped_column(Text)
+    prompt_sha256: Mapped[str] = mapped_column(Text)
+    result_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[str] = mapped_column(Text)
 
 
 class ScoreCacheRow(Base):
