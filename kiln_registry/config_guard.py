@@ -11,6 +11,16 @@
 * ``teacher_hosts``: host patterns a teacher URL may name (``*.example.org``
   matches sub-domains, ``*`` any); unset allows any host.
 * ``max_teachers``: the most aliases the registry holds (default 10000).
+* ``max_reserved_aliases``: the most deleted aliases kept reserved (default
+  100000); past it a delete is refused until an admin releases some.
+* ``audit_max_events``: the audit log keeps the newest this many events
+  (default 1000000); older ones are dropped as new ones are written.
+* ``audit_retain_days``: events older than this many days are dropped as new
+  ones are written (default: unset, only the count cap applies).
+
+The ``[jobs]`` key ``retain_days``: finished jobs (succeeded, failed,
+cancelled) older than this many days are deleted with their results by the
+job workers (default: unset, jobs are kept until deleted).
 
 Imports pydantic and the standard library only.
 """
@@ -58,9 +68,14 @@ class ServerGuardKeys(BaseModel):
     cors_origins: Annotated[tuple[Origin, ...], Field(max_length=MAX_PATTERNS)] = ()
     teacher_hosts: Annotated[tuple[HostPattern, ...], Field(max_length=MAX_PATTERNS)] | None = None
     max_teachers: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 10_000
+    max_reserved_aliases: Annotated[StrictInt, Field(ge=1, le=10_000_000)] = 100_000
+    audit_max_events: Annotated[StrictInt, Field(ge=1000, le=100_000_000)] = 1_000_000
+    audit_retain_days: Annotated[StrictInt, Field(ge=1, le=36_500)] | None = None
 
 
 class JobsGuardKeys(BaseModel):
-    """``[jobs]`` keys of issue 15 (none yet: retention is not implemented)."""
+    """``[jobs]`` keys of issue 15: ``retain_days`` (finished-job retention)."""
 
     model_config = _FROZEN
+
+    retain_days: Annotated[StrictInt, Field(ge=1, le=36_500)] | None = None

@@ -139,6 +139,14 @@ class JobPublic(WireModel):
 
 class JobsListResponse(WireModel):
     jobs: list[JobPublic]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; absent on the last."
+    )
+
+
+class DeleteJobResponse(WireModel):
+    status: Literal["deleted"] = "deleted"
+    id: str = Field(pattern=JOB_ID_PATTERN)
 
 
 def job_public(row: JobRow) -> JobPublic:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple, cast
 
-from sqlalchemy import CursorResult, insert, select, update
+from sqlalchemy import CursorResult, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
@@ -27,6 +27,7 @@ from kiln_registry.errors import InputError, JobConflict, JobNotFound
 from kiln_registry.jobs.models import (
     ACTIVE_STATUSES,
     JOB_STATUSES,
+    TERMINAL_STATUSES,
     JobRow,
     JobSequenceRow,
 )
@@ -96,16 +97,63 @@ class JobRepository:
             raise JobNotFound(f"job {job_id!r} does not exist")
         return row
 
-    def list_jobs(self, *, limit: int = 100, status: str | None = None) -> list[JobRow]:
-        """Up to ``limit`` jobs, newest first, optionally of one status."""
-        if not 1 <= limit <= MAX_LIST_LIMIT:
+    def list_jobs(
+        self,
+        *,
+        limit: int = 100,
+        status: str | None = None,
+        before: tuple[str, str] | None = None,
+    ) -> list[JobRow]:
+        """Up to ``limit`` jobs, newest first, optionally of one status.
+
+        ``before`` is the ``(created_at, id)`` of the last job of the previous page.
+        """
+        if not 1 <= limit <= MAX_LIST_LIMIT + 1:
             raise InputError(f"limit must be 1..{MAX_LIST_LIMIT}", rule="db.limit")
         query = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id.desc())
         if status is not None:
             if status not in JOB_STATUSES:
                 raise InputError(f"status {status!r} is not a job status", rule="job.status")
             query = query.where(JobRow.status == status)
+        if before is not None:
+            created, last = before
+            older = JobRow.created_at < created
+            query = query.where(older | ((JobRow.created_at == created) & (JobRow.id < last)))
         return list(self._session.scalars(query.limit(limit)))
+
+    def delete_finished(self, job_id: str) -> None:
+        """Remove a finished job and its sequences; ``JobConflict`` while it is not finished."""
+        row = self.require(job_id)
+        if row.status not in TERMINAL_STATUSES:
+            raise JobConflict(
+                f"job {job_id!r} is {row.status}; only a finished job (succeeded, failed or"
+                " cancelled) can be deleted",
+                rule="job.delete_active",
+                hint=f"cancel it first (`kiln jobs cancel {job_id}`), then delete it once it"
+                " shows cancelled",
+            )
+        self._session.expunge(row)
+        self._session.execute(delete(JobSequenceRow).where(JobSequenceRow.job_id == job_id))
+        gone = self._session.execute(
+            delete(JobRow)
+            .where(JobRow.id == job_id, JobRow.status.in_(TERMINAL_STATUSES))
+            .execution_options(synchronize_session=False)
+        )
+        if _rowcount(gone) != 1:  # unreachable under the write lock; fail closed anyway
+            raise JobConflict(f"job {job_id!r} changed while it was being deleted")
+
+    def finished_before(self, cutoff: str, *, limit: int) -> list[tuple[str, str | None]]:
+        """``(id, result_path)`` of up to ``limit`` finished jobs whose ``finished_at < cutoff``."""
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise InputError(f"limit must be 1..{MAX_LIST_LIMIT}", rule="db.limit")
+        ended = func.coalesce(JobRow.finished_at, JobRow.updated_at)
+        query = (
+            select(JobRow.id, JobRow.result_path)
+            .where(JobRow.status.in_(TERMINAL_STATUSES), ended < cutoff)
+            .order_by(ended, JobRow.id)
+            .limit(limit)
+        )
+        return [(str(i), p) for i, p in self._session.execute(query)]
 
     def claim_next(self, token: str) -> JobRow | None:
         """Atomically move the oldest queued job to ``probing`` under ``token``."""

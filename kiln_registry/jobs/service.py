@@ -193,11 +193,16 @@ def get_job(sessions: sessionmaker[Session], job_id: str) -> JobRow:
 
 
 def list_jobs(
-    sessions: sessionmaker[Session], *, limit: int = 100, status: str | None = None
+    sessions: sessionmaker[Session],
+    *,
+    limit: int = 100,
+    status: str | None = None,
+    before: tuple[str, str] | None = None,
 ) -> list[JobRow]:
+    """Newest first; ``before`` is the ``(created_at, id)`` of the previous page's last job."""
     with unit_of_work(sessions) as session:
         _read_only(session)
-        rows = JobRepository(session).list_jobs(limit=limit, status=status)
+        rows = JobRepository(session).list_jobs(limit=limit, status=status, before=before)
         session.expunge_all()
         return rows
 

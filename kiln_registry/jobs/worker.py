@@ -10,7 +10,10 @@ UPDATE under a fresh claim token and runs it (``jobs.runner.JobRun``).
 Workers sleep until ``wake()`` (called after a submission) or a short poll
 interval.  ``cancel(job_id)`` reaches a running job at its next request
 boundary; the database flag makes it durable.  ``stop()`` cancels the tasks
-and waits for them: a job in progress goes back to ``queued``.
+and waits for them: a job in progress goes back to ``queued``.  Start-up also
+finishes deletions a crash interrupted, and with ``[jobs] retain_days`` one
+more task deletes expired finished jobs at start and every
+``jobs.retention.SWEEP_INTERVAL_S`` (``jobs.retention``).
 
 Imports: standard library, ``kiln_registry.db`` and ``jobs``; never the API.
 """
@@ -27,6 +30,7 @@ from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.leases import DeviceLeases
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.retention import SWEEP_INTERVAL_S, recover_deletions, sweep_expired
 from kiln_registry.jobs.runner import JobRun
 from kiln_registry.jobs.service import result_dir
 from kiln_registry.jobs.signing import key_path, load_or_create_signer
@@ -56,6 +60,7 @@ class JobWorkers:
         root = result_dir(self.env.config)
         for job_id in requeued:
             (root / f".{job_id}.jsonl.partial").unlink(missing_ok=True)
+        recover_deletions(self.env.config, self.env.sessions)
         return requeued
 
     async def start(self) -> None:
@@ -64,6 +69,8 @@ class JobWorkers:
             log.info("requeued %d interrupted job(s): %s", len(requeued), ", ".join(requeued))
         for index in range(self.env.config.jobs.workers):
             self._tasks.append(asyncio.create_task(self._loop(index), name=f"kiln-job-{index}"))
+        if self.env.config.jobs.retain_days is not None:
+            self._tasks.append(asyncio.create_task(self._sweep(), name="kiln-job-retention"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -110,6 +117,18 @@ class JobWorkers:
                 await self._idle()
                 continue
             await self._run(job)
+
+    async def _sweep(self) -> None:
+        """``[jobs] retain_days``: delete expired finished jobs now and periodically."""
+        env = self.env
+        while not self._stopping:
+            try:
+                await asyncio.to_thread(sweep_expired, env.config, env.sessions)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("job retention sweep failed; retrying at the next interval")
+            await asyncio.sleep(SWEEP_INTERVAL_S)
 
     async def _run(self, job: JobRow) -> None:
         cancel = asyncio.Event()

@@ -1,4 +1,4 @@
-"""``/v1/jobs``: submit, list, show, cancel, and stream a job's identity-bound corpus.
+"""``/v1/jobs``: submit, list, show, cancel, delete, and stream a job's identity-bound corpus.
 
 Thin handlers: validate, call one ``jobs.service`` function in a worker
 thread, return a public schema; errors are ``KilnError`` (job_invalid,
@@ -22,16 +22,18 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api.context import JOB_PROBE_TIMEOUT_S, RegistryContext
 from kiln_registry.api.jobs_schemas import (
     JOB_ID_PATTERN,
+    DeleteJobResponse,
     JobCreate,
     JobPublic,
     JobsListResponse,
     JobStatus,
     job_public,
 )
+from kiln_registry.api.paging import MAX_CURSOR_CHARS, decode_key, encode_key
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
 from kiln_registry.api.strict_body import StrictJsonRoute
-from kiln_registry.jobs import service
+from kiln_registry.jobs import retention, service
 from kiln_registry.jobs.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
 
@@ -75,9 +77,20 @@ async def list_jobs(
     ctx: Ctx,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> JobsListResponse:
-    rows = await run_in_threadpool(service.list_jobs, ctx.sessions, limit=limit, status=status)
-    return JobsListResponse(jobs=[job_public(r) for r in rows])
+    """Jobs, newest first, one page at a time (`next_cursor`)."""
+    before = None
+    if cursor is not None:
+        created, after_id = decode_key(cursor, "jobs", (str, str))
+        before = (str(created), str(after_id))
+    rows = await run_in_threadpool(
+        service.list_jobs, ctx.sessions, limit=limit + 1, status=status, before=before
+    )
+    more = None
+    if len(rows) > limit:
+        more = encode_key("jobs", rows[limit - 1].created_at, rows[limit - 1].id)
+    return JobsListResponse(jobs=[job_public(r) for r in rows[:limit]], next_cursor=more)
 
 
 @router.get(
@@ -100,6 +113,22 @@ async def cancel_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
     if workers is not None:
         workers.cancel(job_id)
     return job_public(row)
+
+
+@router.delete(
+    "/{job_id}",
+    operation_id="deleteJob",
+    response_model=DeleteJobResponse,
+    responses=errors.DELETE_JOB,
+)
+async def delete_job(job_id: JobId, ctx: Ctx) -> DeleteJobResponse:
+    """Remove a finished job: its rows, sequences and result file, atomically.
+
+    A job still queued, probing or running is `409 job_conflict` (rule
+    `job.delete_active`): cancel it first, then delete it once it shows `cancelled`.
+    """
+    await run_in_threadpool(retention.delete_job, ctx.sessions, job_id)
+    return DeleteJobResponse(id=job_id)
 
 
 async def _chunks(path: FilePath, size: int) -> AsyncIterator[bytes]:

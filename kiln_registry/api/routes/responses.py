@@ -107,9 +107,12 @@ SUBMIT_JOB = error_responses(
         503: ("server_busy",),
     }
 )
-LIST_JOBS = error_responses({400: ("job_invalid",)})
+LIST_JOBS = error_responses({400: ("job_invalid", "invalid_request")})  # bad cursor
 JOB_BY_ID = error_responses({400: ("job_invalid",), 404: ("job_not_found",)})
 CANCEL_JOB = error_responses(
+    {400: ("job_invalid",), 404: ("job_not_found",), 409: ("job_conflict",)}
+)
+DELETE_JOB = error_responses(
     {400: ("job_invalid",), 404: ("job_not_found",), 409: ("job_conflict",)}
 )
 JOB_RESULT = error_responses(
