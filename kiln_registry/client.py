@@ -1,138 +1,76 @@
-"""A small typed, synchronous client for the registry API.
+"""The typed, synchronous registry client: teachers, jobs, keys and the admin routes.
 
-Owns ``RegistryClient`` (one method per ``/v1/teachers`` operation plus
-``/health`` and ``/ready``), the translation of every failure into
-``RegistryClientError`` at exactly one place, and the bounded reading of
-response bodies.  Responses are validated into the wire schemas of
-``kiln_registry.api.schemas``; a body that does not fit is refused, never
+Owns ``RegistryClient``: one method per API operation (the operations
+themselves, their paths, bodies and answer parsing, live in
+``kiln_registry.client_base``, shared with ``AsyncRegistryClient`` in
+``kiln_registry.client_async``), plus paging (``iter_teachers``,
+``iter_jobs`` follow ``next_cursor``), ``wait_job`` with a progress callback,
+and ``download_result``, which streams a corpus to disk and verifies it
+(``kiln_registry.client_jobs``).  Every failure is a ``RegistryClientError``
+(or an ``InputError`` for an argument refused before anything is sent);
+response bodies are read bounded and validated into the wire schemas, never
 half-trusted.
 
 Transport rules: redirects are never followed (a 3xx is an error), proxy and
 certificate settings are taken from the environment only when
 ``trust_env=True`` is asked for, and the base URL may not carry userinfo, a
-query or a fragment.  Imports httpx, pydantic, ``kiln_registry.errors`` and
-``kiln_registry.api.schemas`` only; never FastAPI, the database, the probe or
-the launcher.  Nothing happens at import time.
-
-Access (issue 15): ``token`` (else the variable ``token_env`` names, else
-``$KILN_TOKEN``) is sent as ``Authorization: Bearer`` (it never appears in
-``repr`` or an error); TLS is verified against the system store
-or ``ca_file``, with ``client_cert`` (cert, key) for mutual TLS
-(``kiln_registry.client_tls``).
+query or a fragment.  Access (issue 15): ``token`` (else the variable
+``token_env`` names, else ``$KILN_TOKEN``) is sent as ``Authorization:
+Bearer`` (never in ``repr`` or an error); TLS is verified against the system
+store or ``ca_file``, with ``client_cert`` (cert, key) for mutual TLS
+(``kiln_registry.client_tls``).  Imports httpx, pydantic and the
+``client_*`` modules; never FastAPI, the database, the probe or the
+launcher.  Nothing happens at import time.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import urllib.parse
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
 
-from kiln_registry.aliases import alias_path_segment, alias_problem
+from kiln_registry import client_base as ops
+from kiln_registry.api.jobs_schemas import JobPublic, JobsListResponse
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
-    ErrorResponse,
     HealthResponse,
     ProbeReceipt,
     ProbeReportPublic,
     ReadyResponse,
-    ReceiptsResponse,
     TeacherEntry,
     TeachersListResponse,
 )
-from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
-from kiln_registry.client_tls import check_token, tls_context, token_from_env
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.auth.wire import AuditEvent, ReleaseResponse
+from kiln_registry.client_base import (
+    DEFAULT_SERVER,
+    DEFAULT_TIMEOUT_S,
+    MAX_RECEIPTS,
+    MAX_RESPONSE_BYTES,
+    MAX_RESULT_BYTES,
+    ClientSettings,
+    RegistryClientError,
+    alias_path,
+    check_base_url,
+)
+from kiln_registry.client_jobs import DownloadedCorpus, ProgressCallback, ResultSink, Waiter
 
-DEFAULT_SERVER = "http://127.0.0.1:8420"
-DEFAULT_TIMEOUT_S = 60.0
-MAX_RESPONSE_BYTES = 32 * 1024 * 1024
-MAX_EXCERPT_CHARS = 200
-MAX_RECEIPTS = 1000
+__all__ = [
+    "DEFAULT_SERVER",
+    "DEFAULT_TIMEOUT_S",
+    "MAX_RECEIPTS",
+    "MAX_RESPONSE_BYTES",
+    "DownloadedCorpus",
+    "RegistryClient",
+    "RegistryClientError",
+    "alias_path",
+    "check_base_url",
+]
 
-_Model = TypeVar("_Model", bound=BaseModel)
-
-
-class RegistryClientError(KilnError):
-    """The registry refused a request, or could not be reached or understood.
-
-    ``status`` is the HTTP status the registry answered (502 for an answer
-    that could not be understood, 503 when it could not be reached) and
-    ``code`` the envelope's code (``teacher_alias_exists`` ...) or one of
-    ``registry_unreachable``, ``registry_redirect``,
-    ``registry_response_invalid``.  ``server_message`` is the registry's own
-    message, unchanged.
-    """
-
-    status = 502
-    code = "registry_response_invalid"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int,
-        code: str,
-        hint: str | None = None,
-        rule: str | None = None,
-        server_message: str | None = None,
-        retry_after: int | None = None,
-    ) -> None:
-        super().__init__(message, rule=rule, hint=hint, code=code, status=status)
-        self.server_message = server_message
-        self.retry_after = retry_after
-
-
-def _excerpt(data: bytes) -> str:
-    """A short, single-line, printable excerpt of an unexpected body."""
-    text = data[: MAX_EXCERPT_CHARS * 4].decode("utf-8", errors="replace")
-    text = "".join(ch if ch.isprintable() else " " for ch in text)
-    return " ".join(text.split())[:MAX_EXCERPT_CHARS]
-
-
-def check_base_url(base_url: str) -> str:
-    """The base URL without a trailing ``/``; refused unless plain http(s)://host[:port][/path]."""
-    if len(base_url) > 2048 or any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in base_url):
-        raise InputError(
-            "registry URL is too long or contains white space or control characters",
-            rule="client.server_url",
-        )
-    parts = urllib.parse.urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(
-            "registry URL must be http://host[:port] or https://host[:port]",
-            rule="client.server_url",
-            hint="for example --server http://127.0.0.1:8420",
-        )
-    if "@" in parts.netloc or parts.query or parts.fragment or "?" in base_url:
-        # Never echo the URL: userinfo or a query could hold a secret.
-        raise InputError(
-            "registry URL must not carry userinfo, a query or a fragment",
-            rule="client.server_url",
-        )
-    try:
-        parts.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError:
-        raise InputError("registry URL has an invalid port", rule="client.server_url") from None
-    return base_url.rstrip("/")
-
-
-def alias_path(alias: str) -> str:
-    """The alias as one percent-encoded path segment (``/`` as ``%2F``).
-
-    An alias the registry could never hold (blank, over ``MAX_ALIAS_CHARS``,
-    control characters, a reserved last segment) is refused here, before a
-    request whose path could be read another way is sent.
-    """
-    problem = alias_problem(alias)
-    if problem is not None:
-        raise InputError(f"invalid teacher alias: {problem}", rule="client.alias")
-    return alias_path_segment(alias)
+T = TypeVar("T")
 
 
 class RegistryClient:
@@ -151,23 +89,25 @@ class RegistryClient:
         ca_file: Path | None = None,
         client_cert: tuple[Path, Path] | None = None,
     ) -> None:
-        if not 0 < timeout <= 3600:
-            raise InputError("client timeout must be in (0, 3600] seconds", rule="client.timeout")
-        self.base_url = check_base_url(base_url)
-        self._limit = max_response_bytes
-        headers = {"accept": "application/json", "accept-encoding": "identity"}
-        if token is None:
-            token = token_from_env(token_env, os.environ)  # $token_env, else $KILN_TOKEN
-        if token is not None:
-            headers["authorization"] = f"Bearer {check_token(token)}"
+        settings = ClientSettings.build(
+            base_url,
+            timeout=timeout,
+            max_response_bytes=max_response_bytes,
+            token=token,
+            token_env=token_env,
+            ca_file=ca_file,
+            client_cert=client_cert,
+        )
+        self.base_url = settings.base_url
+        self._limit = settings.max_response_bytes
         self._http = httpx.Client(
             base_url=self.base_url,
-            timeout=httpx.Timeout(timeout),
+            timeout=httpx.Timeout(settings.timeout),
             transport=transport,
             trust_env=trust_env,
             follow_redirects=False,
-            headers=headers,
-            verify=tls_context(ca_file, client_cert),
+            headers=settings.headers,
+            verify=settings.verify,
         )
 
     def __repr__(self) -> str:
@@ -187,19 +127,36 @@ class RegistryClient:
     def close(self) -> None:
         self._http.close()
 
-    # -- operations ---------------------------------------------------------
+    # -- system -------------------------------------------------------------
 
     def health(self) -> HealthResponse:
-        return self._call("GET", "/health", HealthResponse)
+        return self._run(ops.health())
 
     def ready(self) -> ReadyResponse:
-        return self._call("GET", "/ready", ReadyResponse)
+        return self._run(ops.ready())
+
+    # -- teachers -----------------------------------------------------------
+
+    def teachers_page(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> TeachersListResponse:
+        """One page of ``GET /v1/teachers`` (pass its ``next_cursor`` for the next)."""
+        return self._run(ops.teachers_page(limit, cursor))
+
+    def iter_teachers(self, *, page_size: int | None = None) -> Iterator[TeacherEntry]:
+        """Every registered teacher, ordered by alias, page after page."""
+        pager = ops.Pager()
+        while not pager.done:
+            page = self.teachers_page(limit=page_size, cursor=pager.cursor)
+            yield from page.teachers
+            pager.advance(page.next_cursor)
 
     def list_teachers(self) -> list[TeacherEntry]:
-        return self._call("GET", "/v1/teachers", TeachersListResponse).teachers
+        """Every registered teacher (all pages)."""
+        return list(self.iter_teachers())
 
     def get_teacher(self, alias: str) -> TeacherEntry:
-        return self._call("GET", f"/v1/teachers/{alias_path(alias)}", TeacherEntry)
+        return self._run(ops.get_teacher(alias))
 
     def register_teacher(
         self,
@@ -215,131 +172,171 @@ class RegistryClient:
         launch_profile: str | None = None,
     ) -> TeacherEntry:
         """``POST /v1/teachers``; fields left as None are not sent (the server validates)."""
-        fields = {
-            "alias": alias,
-            "kind": kind,
-            "provider": provider,
-            "model_id": model_id,
-            "url": url,
-            "credential_id": credential_id,
-            "notes": notes,
-            "adapter": adapter,
-            "launch_profile": launch_profile,
-        }
-        body = {name: value for name, value in fields.items() if value is not None}
-        return self._call("POST", "/v1/teachers", TeacherEntry, body=body)
+        fields = {"alias": alias, "kind": kind, "provider": provider, "model_id": model_id,
+                  "url": url, "credential_id": credential_id, "notes": notes,
+                  "adapter": adapter, "launch_profile": launch_profile}  # fmt: skip
+        return self._run(ops.register_teacher(fields))
 
     def delete_teacher(self, alias: str) -> DeleteTeacherResponse:
-        return self._call("DELETE", f"/v1/teachers/{alias_path(alias)}", DeleteTeacherResponse)
+        return self._run(ops.delete_teacher(alias))
 
     def probe_teacher(self, alias: str) -> ProbeReportPublic:
         """Re-run the probes against the stored identity; returns the probe report."""
-        return self._call("POST", f"/v1/teachers/{alias_path(alias)}/probe", ProbeReportPublic)
+        return self._run(ops.probe_teacher(alias))
 
     def launch_teacher(self, alias: str) -> TeacherEntry:
         """Relaunch an ``unavailable`` local alias with its stored identity."""
-        return self._call("POST", f"/v1/teachers/{alias_path(alias)}/launch", TeacherEntry)
+        return self._run(ops.launch_teacher(alias))
 
     def receipts(self, alias: str, *, limit: int = 100) -> list[ProbeReceipt]:
-        if not 1 <= limit <= MAX_RECEIPTS:
-            raise InputError(f"limit must be in 1..={MAX_RECEIPTS}", rule="client.limit")
-        path = f"/v1/teachers/{alias_path(alias)}/receipts?limit={limit}"
-        return self._call("GET", path, ReceiptsResponse).receipts
+        return self._run(ops.receipts(alias, limit))
+
+    # -- admin --------------------------------------------------------------
 
     def audit(self, *, limit: int = 100, before: int | None = None) -> list[AuditEvent]:
         """``GET /v1/audit`` (admin): state changes, newest first."""
-        if not 1 <= limit <= MAX_RECEIPTS:
-            raise InputError(f"limit must be in 1..={MAX_RECEIPTS}", rule="client.limit")
-        query = f"?limit={limit}" + ("" if before is None else f"&before={int(before)}")
-        return self._call("GET", "/v1/audit" + query, AuditResponse).events
+        return self._run(ops.audit(limit, before))
 
     def release_alias(self, alias: str) -> ReleaseResponse:
         """Free a deleted (reserved) alias (admin)."""
-        path = f"/v1/admin/aliases/{alias_path(alias)}/release"
-        return self._call("POST", path, ReleaseResponse)
+        return self._run(ops.release_alias(alias))
 
-    # -- the one place failures are translated ------------------------------
+    # -- jobs ---------------------------------------------------------------
 
-    def _call(self, method: str, path: str, model: type[_Model], *, body: object = None) -> _Model:
-        data = self._request(method, path, body)
+    def submit_job(
+        self,
+        *,
+        teacher: str,
+        top_k: int,
+        sequences: list[list[int]] | None = None,
+        corpus: str | None = None,
+    ) -> JobPublic:
+        """Queue a ``teacher_scoring`` job over inline ``sequences`` or a server-side ``corpus``."""
+        return self.submit(ops.scoring_job_body(teacher, top_k, sequences, corpus))
+
+    def submit(self, body: Mapping[str, object]) -> JobPublic:
+        """``POST /v1/jobs`` with a complete body (any job kind the server knows)."""
+        return self._run(ops.submit_job(body))
+
+    def jobs_page(
+        self, *, status: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> JobsListResponse:
+        """One page of ``GET /v1/jobs``, newest first."""
+        return self._run(ops.jobs_page(status, limit, cursor))
+
+    def iter_jobs(
+        self, *, status: str | None = None, page_size: int | None = None
+    ) -> Iterator[JobPublic]:
+        """Every job (of ``status``), newest first, following ``next_cursor``."""
+        pager = ops.Pager()
+        while not pager.done:
+            page = self.jobs_page(status=status, limit=page_size, cursor=pager.cursor)
+            yield from page.jobs
+            pager.advance(ops.next_cursor(page))
+
+    def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobPublic]:
+        """The newest ``limit`` jobs (of ``status``): the first page."""
+        return self.jobs_page(status=status, limit=limit).jobs
+
+    def get_job(self, job_id: str) -> JobPublic:
+        return self._run(ops.get_job(job_id))
+
+    def cancel_job(self, job_id: str) -> JobPublic:
+        return self._run(ops.cancel_job(job_id))
+
+    def wait_job(
+        self,
+        job_id: str,
+        *,
+        interval: float = 0.5,
+        timeout: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> JobPublic:
+        """Poll until the job succeeded, failed or was cancelled; ``on_progress`` on changes."""
+        waiter = Waiter(job_id, interval, timeout, on_progress)
+        while True:
+            job = self.get_job(job_id)
+            waiter.observe(job)
+            if waiter.finished(job):
+                return job
+            time.sleep(interval)
+
+    def signing_keys(self) -> dict[str, Any]:
+        """The registry's corpus-signing public keys by key id (``GET /v1/keys``)."""
+        return self._run(ops.signing_keys(self.base_url))
+
+    def download_result(
+        self,
+        job_id: str,
+        output: Path,
+        *,
+        verify: bool = True,
+        keys: dict[str, Any] | None = None,
+        max_bytes: int = MAX_RESULT_BYTES,
+    ) -> DownloadedCorpus:
+        """Stream the job's corpus into ``output`` (parents created), verified, atomically.
+
+        With ``verify`` (the default) the corpus is checked against ``keys``
+        (default: this registry's ``GET /v1/keys``) before it is renamed into
+        place; a corpus that fails is never left at ``output``.
+        """
+        path = ops.result_path(job_id)
+        if verify and keys is None:
+            keys = self.signing_keys()
+        sink = ResultSink(Path(output), max_bytes)
         try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            fields = sorted({".".join(str(p) for p in e["loc"]) or "body" for e in exc.errors()})
-            raise self._invalid(
-                f"{method} {path.split('?')[0]} answered a body that is not a"
-                f" {model.__name__} (bad fields: {', '.join(fields[:10])})"
-            ) from None
+            headers = self._stream_into(path, sink.write)
+            digest = sink.check_stream(headers)
+            summary = sink.verify(keys if verify else None)
+            return sink.commit(digest, summary)
+        finally:
+            sink.discard()
 
-    def _request(self, method: str, path: str, body: object) -> Any:
-        content = None if body is None else json.dumps(body).encode("utf-8")
-        headers = {"content-type": "application/json"} if content is not None else None
+    def stream_result(self, job_id: str, sink: BinaryIO) -> int:
+        """Copy the job's corpus into ``sink`` unverified; the bytes written."""
+        written = [0]
+
+        def write(chunk: bytes) -> None:
+            sink.write(chunk)
+            written[0] += len(chunk)
+
+        self._stream_into(ops.result_path(job_id), write)
+        return written[0]
+
+    # -- the one place bytes move -------------------------------------------
+
+    def _run(self, op: ops.Call[T]) -> T:
+        content, headers = op.content()
         try:
-            with self._http.stream(method, path, content=content, headers=headers) as response:
-                raw = self._read(response)
-                status = response.status_code
-                retry = response.headers.get("retry-after", "")
+            with self._http.stream(op.method, op.path, content=content, headers=headers) as resp:
+                raw = self._read(resp)
+                return ops.interpret(op, resp.status_code, raw, resp.headers)
         except httpx.TimeoutException as exc:
-            raise self._unreachable(f"timed out ({type(exc).__name__})") from exc
+            raise ops.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
-            raise self._unreachable(f"failed ({type(exc).__name__})") from exc
-        if 300 <= status < 400:
-            raise RegistryClientError(
-                f"the registry answered HTTP {status} (a redirect); redirects are not followed",
-                status=status,
-                code="registry_redirect",
-                rule="client.redirect",
-                hint="point --server at the registry itself",
-            )
-        if status >= 400:
-            raise self._refusal(status, raw, int(retry) if retry.isdigit() else None)
+            raise ops.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
+
+    def _stream_into(self, path: str, write: Callable[[bytes], None]) -> httpx.Headers:
         try:
-            return json.loads(raw)
-        except ValueError:
-            what = f"{method} {path.split('?')[0]} answered a body that is not JSON"
-            raise self._invalid(what) from None
+            with self._http.stream("GET", path) as resp:
+                if resp.status_code != 200:
+                    ops.check_status(resp.status_code, self._read(resp), resp.headers)
+                    raise ops.invalid(f"GET {path} answered HTTP {resp.status_code}")
+                for chunk in resp.iter_raw():
+                    write(chunk)
+                return resp.headers
+        except httpx.TimeoutException as exc:
+            raise ops.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
+        except httpx.HTTPError as exc:
+            raise ops.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
 
     def _read(self, response: httpx.Response) -> bytes:
-        declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self._limit:
-            raise self._invalid(f"the response declares {declared} bytes, over {self._limit}")
+        error = ops.declared_too_large(response.headers, self._limit)
+        if error is not None:
+            raise error
         body = bytearray()
         for chunk in response.iter_raw():
             if len(body) + len(chunk) > self._limit:
-                raise self._invalid(f"the response is larger than {self._limit} bytes")
+                raise ops.too_large(self._limit)
             body += chunk
         return bytes(body)
-
-    def _refusal(self, status: int, raw: bytes, retry_after: int | None) -> RegistryClientError:
-        try:
-            envelope = ErrorResponse.model_validate_json(raw)
-        except ValidationError:
-            return RegistryClientError(
-                f"the registry answered HTTP {status} without an error envelope: {_excerpt(raw)!r}",
-                status=status,
-                code="http_error",
-                rule="client.http_status",
-            )
-        err = envelope.error
-        return RegistryClientError(
-            f"{err.code} (HTTP {status}): {err.message}",
-            status=status,
-            code=err.code,
-            hint=err.hint,
-            server_message=err.message,
-            retry_after=retry_after,
-        )
-
-    def _unreachable(self, what: str) -> RegistryClientError:
-        return RegistryClientError(
-            f"the request to the registry at {self.base_url} {what}",
-            status=503,
-            code="registry_unreachable",
-            rule="client.connect",
-            hint="is `kiln serve` running there? pass --server or set KILN_SERVER",
-        )
-
-    def _invalid(self, what: str) -> RegistryClientError:
-        return RegistryClientError(
-            what, status=502, code="registry_response_invalid", rule="client.response"
-        )

@@ -1,0 +1,431 @@
+"""What the synchronous and asynchronous registry clients share (no I/O here).
+
+Owns ``RegistryClientError``, the checks of the base URL, alias and job id,
+the client's settings (``ClientSettings``: base URL, headers with the bearer
+token, timeout, TLS context), ``Call`` (one API operation: method, path,
+body and how its JSON answer is parsed) with one constructor per operation,
+and ``interpret``, which turns a status and a bounded body into a value or a
+``RegistryClientError``.  ``kiln_registry.client`` (``RegistryClient``) and
+``kiln_registry.client_async`` (``AsyncRegistryClient``) only move bytes.
+
+Imports httpx (types only), pydantic, ``kiln_registry.errors``,
+``client_tls`` and the wire schemas; never FastAPI, the database or numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import ssl
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from kiln_registry.aliases import alias_path_segment, alias_problem
+from kiln_registry.api.jobs_schemas import JOB_ID_PATTERN, JobPublic, JobsListResponse, JobStatus
+from kiln_registry.api.schemas import (
+    DeleteTeacherResponse,
+    ErrorResponse,
+    HealthResponse,
+    ProbeReceipt,
+    ProbeReportPublic,
+    ReadyResponse,
+    ReceiptsResponse,
+    TeacherEntry,
+    TeachersListResponse,
+)
+from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
+from kiln_registry.client_tls import check_token, tls_context, token_from_env
+from kiln_registry.errors import InputError, KilnError
+
+DEFAULT_SERVER = "http://127.0.0.1:8420"
+DEFAULT_TIMEOUT_S = 60.0
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+MAX_RESULT_BYTES = 1 << 40  # a corpus is streamed to disk, never held in memory
+MAX_EXCERPT_CHARS = 200
+MAX_RECEIPTS = 1000
+MAX_PAGES = 10_000  # a list that never ends is refused after this many pages
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+CONNECT_HINT = (
+    "is `kiln serve` running there? check with `curl {url}/health`; pass --server URL or set"
+    " KILN_SERVER"
+)
+
+T = TypeVar("T")
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+class RegistryClientError(KilnError):
+    """The registry refused a request, or could not be reached or understood.
+
+    ``status`` is the HTTP status the registry answered (502 for an answer
+    that could not be understood, 503 when it could not be reached) and
+    ``code`` the envelope's code (``teacher_alias_exists`` ...) or one of
+    ``registry_unreachable``, ``registry_redirect``,
+    ``registry_response_invalid``.  ``server_message`` is the registry's own
+    message, unchanged.
+    """
+
+    status = 502
+    code = "registry_response_invalid"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str,
+        hint: str | None = None,
+        rule: str | None = None,
+        server_message: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message, rule=rule, hint=hint, code=code, status=status)
+        self.server_message = server_message
+        self.retry_after = retry_after
+
+
+def excerpt(data: bytes) -> str:
+    """A short, single-line, printable excerpt of an unexpected body."""
+    text = data[: MAX_EXCERPT_CHARS * 4].decode("utf-8", errors="replace")
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return " ".join(text.split())[:MAX_EXCERPT_CHARS]
+
+
+def check_base_url(base_url: str) -> str:
+    """The base URL without a trailing ``/``; refused unless plain http(s)://host[:port][/path]."""
+    if len(base_url) > 2048 or any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in base_url):
+        raise InputError(
+            "registry URL is too long or contains white space or control characters",
+            rule="client.server_url",
+        )
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(
+            "registry URL must be http://host[:port] or https://host[:port]",
+            rule="client.server_url",
+            hint="for example --server http://127.0.0.1:8420",
+        )
+    if "@" in parts.netloc or parts.query or parts.fragment or "?" in base_url:
+        # Never echo the URL: userinfo or a query could hold a secret.
+        raise InputError(
+            "registry URL must not carry userinfo, a query or a fragment",
+            rule="client.server_url",
+        )
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise InputError("registry URL has an invalid port", rule="client.server_url") from None
+    return base_url.rstrip("/")
+
+
+def alias_path(alias: str) -> str:
+    """The alias as one percent-encoded path segment (``/`` as ``%2F``).
+
+    An alias the registry could never hold (blank, over ``MAX_ALIAS_CHARS``,
+    control characters, a reserved last segment) is refused here, before a
+    request whose path could be read another way is sent.
+    """
+    problem = alias_problem(alias)
+    if problem is not None:
+        raise InputError(f"invalid teacher alias: {problem}", rule="client.alias")
+    return alias_path_segment(alias)
+
+
+def job_id_path(job_id: str) -> str:
+    if not re.fullmatch(JOB_ID_PATTERN, job_id):
+        raise InputError(f"{job_id[:40]!r} is not a job id (job-<24 hex>)", rule="client.job_id")
+    return job_id
+
+
+def check_limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_RECEIPTS:
+        raise InputError(f"limit must be in 1..={MAX_RECEIPTS}", rule="client.limit")
+    return limit
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The checked constructor arguments both clients build their httpx client from."""
+
+    base_url: str
+    timeout: float
+    headers: dict[str, str] = field(repr=False)
+    verify: ssl.SSLContext = field(repr=False)
+    max_response_bytes: int
+
+    @classmethod
+    def build(
+        cls,
+        base_url: str,
+        *,
+        timeout: float,
+        max_response_bytes: int,
+        token: str | None,
+        token_env: str | None,
+        ca_file: Path | None,
+        client_cert: tuple[Path, Path] | None,
+    ) -> ClientSettings:
+        if not 0 < timeout <= 3600:
+            raise InputError("client timeout must be in (0, 3600] seconds", rule="client.timeout")
+        url = check_base_url(base_url)
+        headers = {"accept": "application/json", "accept-encoding": "identity"}
+        if token is None:
+            token = token_from_env(token_env, os.environ)  # $token_env, else $KILN_TOKEN
+        if token is not None:
+            headers["authorization"] = f"Bearer {check_token(token)}"
+        verify = tls_context(ca_file, client_cert)
+        return cls(url, timeout, headers, verify, max_response_bytes)
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One operation: ``method path`` with an optional JSON body, and its answer's parser."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    body: object = None
+
+    def content(self) -> tuple[bytes | None, dict[str, str] | None]:
+        if self.body is None:
+            return None, None
+        return json.dumps(self.body).encode("utf-8"), {"content-type": "application/json"}
+
+    @property
+    def where(self) -> str:
+        return f"{self.method} {self.path.split('?')[0]}"
+
+
+def invalid(what: str) -> RegistryClientError:
+    return RegistryClientError(
+        what, status=502, code="registry_response_invalid", rule="client.response"
+    )
+
+
+def unreachable(base_url: str, what: str) -> RegistryClientError:
+    return RegistryClientError(
+        f"could not reach the registry at {base_url}: the request {what}",
+        status=503,
+        code="registry_unreachable",
+        rule="client.connect",
+        hint=CONNECT_HINT.format(url=base_url),
+    )
+
+
+def _model(model: type[_Model], where: str) -> Callable[[Any], _Model]:
+    def parse(data: Any) -> _Model:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            fields = sorted({".".join(str(p) for p in e["loc"]) or "body" for e in exc.errors()})
+            raise invalid(
+                f"{where} answered a body that is not a {model.__name__}"
+                f" (bad fields: {', '.join(fields[:10])})"
+            ) from None
+
+    return parse
+
+
+def call(method: str, path: str, model: type[_Model], body: object = None) -> Call[_Model]:
+    return Call(method, path, _model(model, f"{method} {path.split('?')[0]}"), body)
+
+
+def refusal(status: int, raw: bytes, retry_after: int | None) -> RegistryClientError:
+    try:
+        envelope = ErrorResponse.model_validate_json(raw)
+    except ValidationError:
+        return RegistryClientError(
+            f"the registry answered HTTP {status} without an error envelope: {excerpt(raw)!r}",
+            status=status,
+            code="http_error",
+            rule="client.http_status",
+        )
+    err = envelope.error
+    return RegistryClientError(
+        f"{err.code} (HTTP {status}): {err.message}",
+        status=status,
+        code=err.code,
+        hint=err.hint,
+        server_message=err.message,
+        retry_after=retry_after,
+    )
+
+
+def check_status(status: int, raw: bytes, headers: Mapping[str, str]) -> None:
+    """Raise for a redirect or an error status (``raw`` is the bounded body)."""
+    if 300 <= status < 400:
+        raise RegistryClientError(
+            f"the registry answered HTTP {status} (a redirect); redirects are not followed",
+            status=status,
+            code="registry_redirect",
+            rule="client.redirect",
+            hint="point --server at the registry itself",
+        )
+    if status >= 400:
+        retry = headers.get("retry-after", "")
+        raise refusal(status, raw, int(retry) if retry.isdigit() else None)
+
+
+def interpret(op: Call[T], status: int, raw: bytes, headers: Mapping[str, str]) -> T:
+    check_status(status, raw, headers)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise invalid(f"{op.where} answered a body that is not JSON") from None
+    return op.parse(data)
+
+
+def declared_too_large(headers: Mapping[str, str], limit: int) -> RegistryClientError | None:
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return invalid(f"the response declares {declared} bytes, over {limit}")
+    return None
+
+
+def too_large(limit: int) -> RegistryClientError:
+    return invalid(f"the response is larger than {limit} bytes")
+
+
+class Pager:
+    """Follows ``next_cursor`` across pages; refuses a repeated cursor or endless pages."""
+
+    def __init__(self) -> None:
+        self.cursor: str | None = None
+        self._seen: set[str] = set()
+        self.pages = 0
+        self.done = False
+
+    def advance(self, next_cursor: str | None) -> None:
+        self.pages += 1
+        if next_cursor is None:
+            self.done = True
+            return
+        if next_cursor in self._seen or self.pages >= MAX_PAGES:
+            raise invalid("the registry's list did not end (a cursor repeated or too many pages)")
+        self._seen.add(next_cursor)
+        self.cursor = next_cursor
+
+
+def _query(**params: object) -> str:
+    pairs = {k: str(v) for k, v in params.items() if v is not None}
+    return "?" + urllib.parse.urlencode(pairs) if pairs else ""
+
+
+# -- one constructor per operation ------------------------------------------
+
+
+def health() -> Call[HealthResponse]:
+    return call("GET", "/health", HealthResponse)
+
+
+def ready() -> Call[ReadyResponse]:
+    return call("GET", "/ready", ReadyResponse)
+
+
+def teachers_page(limit: int | None, cursor: str | None) -> Call[TeachersListResponse]:
+    limit = None if limit is None else check_limit(limit)
+    return call("GET", "/v1/teachers" + _query(limit=limit, cursor=cursor), TeachersListResponse)
+
+
+def get_teacher(alias: str) -> Call[TeacherEntry]:
+    return call("GET", f"/v1/teachers/{alias_path(alias)}", TeacherEntry)
+
+
+def register_teacher(fields: Mapping[str, str | None]) -> Call[TeacherEntry]:
+    """``POST /v1/teachers``; fields left as None are not sent (the server validates)."""
+    body = {name: value for name, value in fields.items() if value is not None}
+    return call("POST", "/v1/teachers", TeacherEntry, body)
+
+
+def delete_teacher(alias: str) -> Call[DeleteTeacherResponse]:
+    return call("DELETE", f"/v1/teachers/{alias_path(alias)}", DeleteTeacherResponse)
+
+
+def probe_teacher(alias: str) -> Call[ProbeReportPublic]:
+    return call("POST", f"/v1/teachers/{alias_path(alias)}/probe", ProbeReportPublic)
+
+
+def launch_teacher(alias: str) -> Call[TeacherEntry]:
+    return call("POST", f"/v1/teachers/{alias_path(alias)}/launch", TeacherEntry)
+
+
+def receipts(alias: str, limit: int) -> Call[list[ProbeReceipt]]:
+    path = f"/v1/teachers/{alias_path(alias)}/receipts" + _query(limit=check_limit(limit))
+    inner = call("GET", path, ReceiptsResponse)
+    return Call("GET", path, lambda data: inner.parse(data).receipts)
+
+
+def audit(limit: int, before: int | None) -> Call[list[AuditEvent]]:
+    path = "/v1/audit" + _query(limit=check_limit(limit), before=before)
+    inner = call("GET", path, AuditResponse)
+    return Call("GET", path, lambda data: inner.parse(data).events)
+
+
+def release_alias(alias: str) -> Call[ReleaseResponse]:
+    return call("POST", f"/v1/admin/aliases/{alias_path(alias)}/release", ReleaseResponse)
+
+
+def submit_job(body: Mapping[str, object]) -> Call[JobPublic]:
+    return call("POST", "/v1/jobs", JobPublic, dict(body))
+
+
+def scoring_job_body(
+    teacher: str,
+    top_k: int,
+    sequences: list[list[int]] | None,
+    corpus: str | None,
+) -> dict[str, object]:
+    """The body of a ``teacher_scoring`` job: exactly one of ``sequences`` and ``corpus``."""
+    if (sequences is None) == (corpus is None):
+        raise InputError("give exactly one of sequences and corpus", rule="client.job_source")
+    body: dict[str, object] = {"kind": "teacher_scoring", "teacher": teacher, "top_k": top_k}
+    if corpus is not None:
+        body["corpus"] = {"path": corpus}
+    else:
+        body["sequences"] = sequences
+    return body
+
+
+def jobs_page(status: str | None, limit: int | None, cursor: str | None) -> Call[JobsListResponse]:
+    if status is not None and status not in JobStatus.__members__:
+        raise InputError(
+            f"job status must be one of {', '.join(JobStatus.__members__)}", rule="client.status"
+        )
+    limit = None if limit is None else check_limit(limit)
+    query = _query(status=status, limit=limit, cursor=cursor)
+    return call("GET", "/v1/jobs" + query, JobsListResponse)
+
+
+def get_job(job_id: str) -> Call[JobPublic]:
+    return call("GET", f"/v1/jobs/{job_id_path(job_id)}", JobPublic)
+
+
+def cancel_job(job_id: str) -> Call[JobPublic]:
+    return call("POST", f"/v1/jobs/{job_id_path(job_id)}/cancel", JobPublic)
+
+
+def signing_keys(base_url: str) -> Call[dict[str, Any]]:
+    """``GET /v1/keys`` parsed strictly into ``{key_id: PublicKey}`` (``jobs.signing``)."""
+
+    def parse(data: Any) -> dict[str, Any]:
+        from kiln_registry.jobs.signing import parse_keys
+
+        return dict(parse_keys(data, f"{base_url}/v1/keys"))
+
+    return Call("GET", "/v1/keys", parse)
+
+
+def result_path(job_id: str) -> str:
+    return f"/v1/jobs/{job_id_path(job_id)}/result"
+
+
+def next_cursor(page: BaseModel) -> str | None:
+    """A page's ``next_cursor`` (absent on the last page, and on lists without paging)."""
+    value = getattr(page, "next_cursor", None)
+    return value if isinstance(value, str) else None

@@ -1,0 +1,157 @@
+"""Job helpers shared by both registry clients: waiting and verified result downloads.
+
+``Waiter`` decides, poll by poll, whether ``wait`` goes on (a terminal
+status ends it, a deadline refuses it with ``client.wait_timeout``) and calls
+the progress callback whenever the job's status or progress changed.
+
+``ResultSink`` receives a corpus as it streams in: it creates the output's
+parent directory, writes a hidden ``.<name>.partial`` file beside the output,
+hashes it, and on ``finish`` checks the byte count and the SHA-256 the
+registry announced (``x-kiln-result-sha256``), verifies the corpus with
+``jobs.corpus_verify.verify_corpus`` against the registry's signing keys
+(signature trailer, manifest, every line), fsyncs, and only then renames it
+into place (and fsyncs the directory).  Any failure removes the partial
+file; the output is never a half-written or unverified corpus.
+
+Imports the standard library, ``client_base`` and (lazily, since it brings
+numpy) ``jobs.corpus_verify``; never httpx or FastAPI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln_registry.api.jobs_schemas import JobPublic
+from kiln_registry.client_base import TERMINAL, invalid
+from kiln_registry.errors import InputError, KilnError
+
+if TYPE_CHECKING:
+    from kiln_registry.jobs.corpus_verify import CorpusSummary
+
+ProgressCallback = Callable[[JobPublic], object]
+MAX_WAIT_S = 7 * 24 * 3600.0
+
+
+class WaitTimeout(KilnError):
+    status = 504
+    code = "job_wait_timeout"
+
+
+@dataclass(frozen=True)
+class DownloadedCorpus:
+    """A verified corpus on disk: where, how many bytes, its SHA-256 and what it holds."""
+
+    path: Path
+    bytes: int
+    sha256: str
+    summary: CorpusSummary | None
+
+
+class Waiter:
+    """The decisions of ``wait``; the clients do the polling and the sleeping."""
+
+    def __init__(
+        self,
+        job_id: str,
+        interval: float,
+        timeout: float | None,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        if not 0 < interval <= 3600:
+            raise InputError("wait interval must be in (0, 3600] seconds", rule="client.interval")
+        if timeout is not None and not 0 < timeout <= MAX_WAIT_S:
+            raise InputError("wait timeout must be in (0, 7 days]", rule="client.wait_timeout")
+        self.job_id = job_id
+        self.interval = interval
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._timeout = timeout
+        self._callback = on_progress
+        self._last: tuple[object, ...] | None = None
+
+    def observe(self, job: JobPublic) -> object:
+        """Note one poll; the callback's return value (awaited by the async client)."""
+        key = (job.status, job.progress, job.error, job.result)
+        result: object = None
+        if key != self._last and self._callback is not None:
+            result = self._callback(job)
+        self._last = key
+        return result
+
+    def finished(self, job: JobPublic) -> bool:
+        if job.status in TERMINAL:
+            return True
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            raise WaitTimeout(
+                f"job {self.job_id} is still {job.status} after {self._timeout:g} s",
+                rule="client.wait_timeout",
+                hint="wait again, or cancel it with `kiln jobs cancel`",
+            )
+        return False
+
+
+class ResultSink:
+    """A corpus streaming into ``output`` (see the module docstring)."""
+
+    def __init__(self, output: Path, limit: int) -> None:
+        self.output = output
+        self._limit = limit
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(
+                f"cannot create the directory {output.parent} ({exc.strerror})",
+                rule="client.output",
+            ) from None
+        if output.is_dir():
+            raise InputError(f"{output} is a directory; name a file", rule="client.output")
+        self.partial = output.with_name(f".{output.name}.partial")
+        self._handle = self.partial.open("wb")
+        self._sha = hashlib.sha256()
+        self.written = 0
+
+    def write(self, chunk: bytes) -> None:
+        if self.written + len(chunk) > self._limit:
+            raise invalid(f"the result is larger than {self._limit} bytes")
+        self._handle.write(chunk)
+        self._sha.update(chunk)
+        self.written += len(chunk)
+
+    def check_stream(self, headers: Any) -> str:
+        """The bytes match the announced length and SHA-256; the SHA-256."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        digest = self._sha.hexdigest()
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) != self.written:
+            raise invalid(f"the result ended after {self.written} of {declared} bytes")
+        announced = headers.get("x-kiln-result-sha256", "")
+        if announced and announced != digest:
+            raise invalid("the downloaded result does not hash to the SHA-256 the registry sent")
+        return digest
+
+    def verify(self, keys: dict[str, Any] | None) -> CorpusSummary | None:
+        if keys is None:
+            return None
+        from kiln_registry.jobs.corpus_verify import verify_corpus
+
+        return verify_corpus(self.partial, keys)
+
+    def commit(self, digest: str, summary: CorpusSummary | None) -> DownloadedCorpus:
+        os.replace(self.partial, self.output)
+        fd = os.open(self.output.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return DownloadedCorpus(self.output, self.written, digest, summary)
+
+    def discard(self) -> None:
+        self._handle.close()
+        self.partial.unlink(missing_ok=True)
