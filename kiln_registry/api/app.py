@@ -31,6 +31,7 @@ from kiln_registry.api.limits import RequestBodyLimit
 from kiln_registry.api.openapi import install_openapi
 from kiln_registry.api.routes import admin, jobs, keys, system, teachers
 from kiln_registry.api.teachers_service import cached_teacher_json
+from kiln_registry.api.ui import routes as ui_pages
 from kiln_registry.probe.wire import teacher_tls_context
 
 API_TITLE = "kiln-registry"
@@ -99,6 +100,8 @@ def create_app(
             app, bound=server.host, allowed=server.allowed_hosts, cors=server.cors_origins
         )
     app.include_router(teachers.router)
+    # Before system's router: its /docs (a plain operation list) is superseded by Swagger UI.
+    app.include_router(ui_pages.router)
     app.include_router(system.router)
     app.include_router(jobs.router)
     app.include_router(keys.router)

@@ -1,13 +1,15 @@
 """Which scope each route needs, and which audit action a state change is.
 
 ``required_scope(method, path)`` is the one table the auth middleware reads:
-``None`` for ``/health`` (always open), ``read`` for GET routes, receipts and
-job status, ``register`` for registering, deleting, probing and launching
-teachers, ``jobs`` for submitting, cancelling, deleting jobs and fetching
-results, ``admin`` for the audit log and alias release.  Anything not listed
-needs ``admin`` (fail closed: a route added later is locked until it is
-listed here).  ``/ready`` and ``/metrics`` need ``read`` unless
-``[server] metrics_public``.  ``HEAD`` is treated as ``GET``.
+``None`` for ``/health`` and the browser pages' fixed files (``/docs``,
+``/ui``, ``/assets/<name>``: static shells without data, always open),
+``read`` for GET routes, receipts and job status, ``register`` for
+registering, deleting, probing and launching teachers, ``jobs`` for
+submitting, cancelling, deleting jobs and fetching results, ``admin`` for the
+audit log and alias release.  Anything not listed needs ``admin`` (fail
+closed: a route added later is locked until it is listed here).  ``/ready``
+and ``/metrics`` need ``read`` unless ``[server] metrics_public``.  ``HEAD``
+is treated as ``GET``.
 
 ``audit_action(method, path)`` names the state change a non-GET request makes
 (``teacher.register`` ...) and the alias or job id in its path.
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 from typing import Final
 
-OPEN_PATHS: Final = frozenset({"/health"})
+OPEN_PATHS: Final = frozenset({"/health", "/docs", "/ui"})
+ASSETS: Final = "/assets/"  # the pages' files (api.ui): open for GET/HEAD only
 METRICS_PATHS: Final = frozenset({"/ready", "/metrics"})
-READ_PATHS: Final = frozenset({"/v1/keys", "/openapi.json", "/docs"})
+READ_PATHS: Final = frozenset({"/v1/keys", "/openapi.json"})
 TEACHERS: Final = "/v1/teachers"
 JOBS: Final = "/v1/jobs"
 ADMIN_ALIASES: Final = "/v1/admin/aliases/"
@@ -51,7 +54,7 @@ def _jobs_scope(method: str, path: str) -> str:
 
 def required_scope(method: str, path: str, *, metrics_public: bool = False) -> str | None:
     """The scope ``method path`` needs, or None when the route is open."""
-    if path in OPEN_PATHS:
+    if path in OPEN_PATHS or (path.startswith(ASSETS) and method in READ_METHODS):
         return None
     if path in METRICS_PATHS:
         return None if metrics_public else "read"

@@ -31,7 +31,9 @@ ROUTES: dict[tuple[str, str], tuple[str, object, str | None]] = {
     ("GET", "/health"): ("/health", None, None),
     ("GET", "/ready"): ("/ready", None, "read"),
     ("GET", "/metrics"): ("/metrics", None, "read"),
-    ("GET", "/docs"): ("/docs", None, "read"),
+    ("GET", "/docs"): ("/docs", None, None),  # the pages are static shells (api.ui)
+    ("GET", "/ui"): ("/ui", None, None),
+    ("GET", "/assets/{name}"): ("/assets/ui.js", None, None),
     ("GET", "/openapi.json"): ("/openapi.json", None, "read"),
     ("GET", "/v1/keys"): ("/v1/keys", None, "read"),
     ("GET", "/v1/teachers"): ("/v1/teachers", None, "read"),
