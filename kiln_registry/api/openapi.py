@@ -20,6 +20,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from kiln_registry.version import package_version
+
 UNUSED_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
 
@@ -71,6 +73,8 @@ def _envelope_is_json(response: dict[str, Any]) -> None:
 
 
 def install_openapi(app: FastAPI) -> None:
+    app.version = package_version()  # info.version is the package's version
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = corrected(

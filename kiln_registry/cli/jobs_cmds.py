@@ -2,14 +2,16 @@
 
 ``jobs submit|list|show|cancel|result`` talk to the registry (``--server URL``,
 else ``$KILN_SERVER``, else ``http://127.0.0.1:8420``) through
-``JobsClient``; ``show --follow`` redraws a progress bar while stdout is a
-terminal and prints one line per change otherwise.  ``result`` streams the
-corpus to stdout or, atomically, to ``--output``.  ``cache stats`` and
+``RegistryClient``; ``show --follow`` waits with ``wait_job`` and redraws a
+progress bar while stdout is a terminal, one line per change otherwise.
+``result`` downloads the corpus with ``download_result``: verified against
+the registry's signing key, then renamed into ``--output`` (its parent
+directories created) or copied to stdout.  ``cache stats`` and
 ``cache prune --identity`` open the registry database named by ``--config``
 (it must already be at the current schema revision; ``kiln serve`` migrates).
 
 Failures are ``KilnError``s: ``kiln`` prints one line and exits 2.  Imports:
-standard library, httpx, ``kiln_registry.client``/``config``/``db``/``errors``,
+standard library, ``kiln_registry.client``/``config``/``db``/``errors``,
 ``api.jobs_schemas`` and ``jobs``; never FastAPI or torch.
 """
 
@@ -18,22 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import shutil
 import sys
-import time
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any
 
-import httpx
-
-from kiln_registry.api.jobs_schemas import JOB_ID_PATTERN, JobPublic, JobsListResponse
+from kiln_registry.api.jobs_schemas import JobPublic, JobsListResponse
 from kiln_registry.cli.server_options import add_access_options, client_access
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client import DEFAULT_SERVER, RegistryClient
 from kiln_registry.errors import ConfigError, InputError
-
-if TYPE_CHECKING:
-    from kiln_registry.jobs.signing import PublicKey
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 SERVER_ENV = "KILN_SERVER"
@@ -42,57 +39,13 @@ BAR_WIDTH = 30
 MAX_SEQUENCES_FILE = 64 << 20
 
 
-class JobsClient(RegistryClient):
-    """``RegistryClient`` plus the ``/v1/jobs`` operations."""
-
-    def __enter__(self) -> JobsClient:
-        return self
-
-    def submit(self, body: dict[str, object]) -> JobPublic:
-        return self._call("POST", "/v1/jobs", JobPublic, body=body)
-
-    def list_jobs(self, *, status: str | None, limit: int) -> list[JobPublic]:
-        query = f"?limit={limit}" + (f"&status={status}" if status else "")
-        return self._call("GET", "/v1/jobs" + query, JobsListResponse).jobs
-
-    def get_job(self, job_id: str) -> JobPublic:
-        return self._call("GET", f"/v1/jobs/{_job_id(job_id)}", JobPublic)
-
-    def cancel_job(self, job_id: str) -> JobPublic:
-        return self._call("POST", f"/v1/jobs/{_job_id(job_id)}/cancel", JobPublic)
-
-    def signing_keys(self) -> dict[str, PublicKey]:
-        """The registry's corpus-signing public keys (``GET /v1/keys``), strictly parsed."""
-        from kiln_registry.jobs.signing import parse_keys
-
-        return parse_keys(self._request("GET", "/v1/keys", None), f"{self.base_url}/v1/keys")
-
-    def download(self, job_id: str, sink: BinaryIO) -> int:
-        """Stream the job's corpus into ``sink``; the bytes written."""
-        path = f"/v1/jobs/{_job_id(job_id)}/result"
-        written = 0
-        try:
-            with self._http.stream("GET", path) as response:
-                if response.status_code != 200:
-                    raw = self._read(response)
-                    raise self._refusal(response.status_code, raw, None)
-                for chunk in response.iter_raw():
-                    sink.write(chunk)
-                    written += len(chunk)
-        except httpx.HTTPError as exc:
-            raise self._unreachable(f"failed ({type(exc).__name__})") from exc
-        return written
+# The registry client covers the job routes (kept under this name for older imports).
+JobsClient = RegistryClient
 
 
-def _job_id(value: str) -> str:
-    if not re.fullmatch(JOB_ID_PATTERN, value):
-        raise InputError(f"{value[:40]!r} is not a job id (job-<24 hex>)", rule="client.job_id")
-    return value
-
-
-def _client(args: argparse.Namespace) -> JobsClient:
+def _client(args: argparse.Namespace) -> RegistryClient:
     server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return JobsClient(server, timeout=args.timeout, **client_access(args))
+    return RegistryClient(server, timeout=args.timeout, **client_access(args))
 
 
 def _emit(job: JobPublic, as_json: bool) -> None:
@@ -170,23 +123,23 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(client: JobsClient, job_id: str, interval: float) -> JobPublic:
+def _follow(client: RegistryClient, job_id: str, interval: float) -> JobPublic:
     tty = sys.stdout.isatty()
-    last = ""
-    while True:
-        job = client.get_job(job_id)
+    last = [""]
+
+    def show(job: JobPublic) -> None:
         line = progress_line(job)
         if tty:
             sys.stdout.write("\r" + line)
-        elif line != last:
+        elif line != last[0]:
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
-        last = line
-        if job.status in TERMINAL:
-            if tty:
-                sys.stdout.write("\n")
-            return job
-        time.sleep(interval)
+        last[0] = line
+
+    job = client.wait_job(job_id, interval=interval, on_progress=show)
+    if tty:
+        sys.stdout.write("\n")
+    return job
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -205,21 +158,16 @@ def _cancel(args: argparse.Namespace) -> int:
 
 def _result(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        if args.output is None:
-            client.download(args.job_id, sys.stdout.buffer)
-            sys.stdout.buffer.flush()
+        if args.output is not None:
+            done = client.download_result(args.job_id, args.output)
+            print(f"wrote {done.path} ({done.bytes} bytes, verified)", file=sys.stderr)
             return 0
-        out: Path = args.output
-        partial = out.with_name(f".{out.name}.partial")
-        try:
-            with partial.open("wb") as sink:
-                size = client.download(args.job_id, sink)
-                sink.flush()
-                os.fsync(sink.fileno())
-            os.replace(partial, out)
-        finally:
-            partial.unlink(missing_ok=True)
-    print(f"wrote {out} ({size} bytes)", file=sys.stderr)
+        # stdout: the corpus is verified in a private temporary file before any byte is written.
+        with tempfile.TemporaryDirectory(prefix="kiln-result-") as tmp:
+            done = client.download_result(args.job_id, Path(tmp) / "corpus.jsonl")
+            with done.path.open("rb") as corpus:
+                shutil.copyfileobj(corpus, sys.stdout.buffer, 1 << 20)
+    sys.stdout.buffer.flush()
     return 0
 
 
@@ -334,7 +282,9 @@ def _register_jobs(sub: SubParsers) -> None:
     p.set_defaults(func=_cancel)
     p = group.add_parser("result", help="download a job's corpus", parents=[common])
     p.add_argument("job_id")
-    p.add_argument("--output", type=Path, help="write here atomically (default: stdout)")
+    p.add_argument(
+        "--output", "-o", type=Path, help="write here, verified, atomically (default: stdout)"
+    )
     p.set_defaults(func=_result)
 
 

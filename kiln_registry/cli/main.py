@@ -3,7 +3,10 @@
 Each command group lives in its own module under ``kiln_registry.cli`` and
 exposes ``register(subparsers)``; a registered command sets ``func`` to a
 callable taking the parsed namespace and returning an exit status.  Any
-``KilnError`` becomes one line on stderr and exit status 2.  Optional heavy
+``KilnError`` becomes one line on stderr and exit status 2.  ``kiln
+--version`` prints the package version; ``kiln completion bash|zsh`` prints a
+completion script generated from this very parser (``shtab``), so it never
+drifts from the commands.  Optional heavy
 dependencies (torch, transformers) are imported inside the commands that
 need them, never here.
 """
@@ -14,8 +17,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kiln_registry.errors import KilnError
+from kiln_registry.version import package_version
 
 # Command-group modules, in the order their commands appear in --help.  A
 # module that is not present yet (a later issue) is skipped, never faked.
@@ -42,8 +47,31 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+COMPLETION_SHELLS = ("bash", "zsh")
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    script: str = shtab.complete(build_parser(), shell=args.shell)
+    sys.stdout.write(script if script.endswith("\n") else script + "\n")
+    return 0
+
+
+def _register_completion(sub: Any) -> None:
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script: `source <(kiln completion bash)` in ~/.bashrc,"
+        " or `kiln completion zsh > ~/.zfunc/_kiln` with ~/.zfunc on $fpath.",
+    )
+    p.add_argument("shell", choices=COMPLETION_SHELLS)
+    p.set_defaults(func=_completion)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kiln", description="kiln-registry: trusted teachers for Kiln OPD.")
+    parser.add_argument("--version", action="version", version=f"kiln {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMAND_MODULES:
         try:
@@ -53,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    _register_completion(sub)
     return parser
 
 

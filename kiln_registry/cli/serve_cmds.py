@@ -43,8 +43,11 @@ def _openapi(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from kiln_registry.server import run_server
+    from kiln_registry.cli.ports import ensure_port_free
+    from kiln_registry.server import prepare, run_server
 
+    server = prepare(args.config, host=args.host, port=args.port).server
+    ensure_port_free(server.host, server.port)  # one `kiln: error:` line, exit status 2
     run_server(args.config, host=args.host, port=args.port, insecure_no_auth=args.insecure_no_auth)
     return 0
 
