@@ -2,9 +2,10 @@
 
 Owns the Python view of ``jobs``, ``job_sequences``, ``score_cache``,
 ``generation_cache`` and ``device_leases`` (created by ``migrations/versions/0002_jobs.py``
-and ``0005_off_policy_generation.py``, the schema's owners) and the allowed values of their CHECK columns.  The rows
-share ``kiln_registry.db.models.Base`` so ``db.models.metadata`` describes the
-whole migrated schema once this module is imported.
+and ``0005_off_policy_generation.py``, the schema's owners) and the allowed values of
+their CHECK columns.  The rows share ``kiln_registry.db.models.Base`` so
+``db.models.metadata`` describes the whole migrated schema once this module is
+imported.
 
 No row holds a secret: a job pins its teacher's ``credential_id`` (a name).
 Imports: the standard library, SQLAlchemy and ``kiln_registry.db.models``.

@@ -28,6 +28,7 @@ from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotRegistered
 from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.jobs.generation import GenerationPipeline
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.pipeline import ScoringPipeline
 from kiln_registry.jobs.repository import JobRepository
@@ -51,7 +52,7 @@ class JobRun:
     def __init__(self, env: JobEnvironment, job: JobRow, cancel: asyncio.Event) -> None:
         self.claimed = ClaimedJob(env, job, cancel)
         self.job = job
-        self.pipeline: ScoringPipeline | None = None
+        self.pipeline: ScoringPipeline | GenerationPipeline | None = None
 
     async def run(self) -> None:
         claimed = self.claimed
@@ -94,6 +95,12 @@ class JobRun:
         async with TeacherWire(
             url, tls=env.teacher_tls, max_idle=env.config.jobs.concurrency
         ) as wire:
+            if self.job.kind == "off_policy_generation":
+                from kiln_registry.jobs.generation_run import generation_pipeline
+
+                self.pipeline = await generation_pipeline(self.claimed, wire, secret)
+                await self.pipeline.run()
+                return
             target = ScoringTarget(
                 wire=wire,
                 model_id=self.job.teacher_model_id,

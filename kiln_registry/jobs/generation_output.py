@@ -1,0 +1,248 @@
+"""Off-policy generation corpora in Kiln's format, their detached signature, and the cache.
+
+Layout (what Kiln's ``parse_off_policy_distillation_dataset_str`` reads,
+``crates/kiln-train/src/opd.rs``): line 1 is exactly the teacher's
+``off_policy_manifest``; every further line is one
+``OffPolicyDistillationExample`` in input order, compact JSON with keys in
+this order: ``id``, ``messages`` (the prompt, as submitted), ``teacher_response``
+(the generated ids decoded with the student tokenizer, special tokens
+skipped), ``teacher_tokens`` (only when ``top_k > 0``: one
+``TeacherActionToken`` ``{"token_id", "token", "logprob", "top_logprobs":
+[{"token_id", "logprob"}, ...]}`` per generated token, top ``K`` best first)
+and ``metadata`` (``format`` ``kiln-registry.generation.v1``, ``job_id``,
+``teacher``, ``identity_digest``, ``prompt_token_ids_sha256``,
+``completion_token_ids``, ``finish_reason`` and ``settings``).
+
+Kiln parses every non-manifest line as an example, so the signature cannot
+be a trailer line here: it is the same ``kiln.corpus-trailer.v1`` line a
+scoring corpus ends with, covering the SHA-256 of the whole ``.jsonl``,
+written to ``<corpus>.jsonl.sig`` beside it (published first, then the
+corpus; both atomically).
+
+The cache: ``generation_cache`` rows keyed by (identity digest, settings
+SHA-256, prompt ids SHA-256) hold a verified ``Generated`` as JSON; only
+deterministic settings are cached (the caller's rule).
+
+Imports: standard library, orjson, SQLAlchemy, ``kiln_registry.db``/
+``identity`` and ``jobs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import orjson
+from sqlalchemy import select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from kiln_registry.db.models import utc_timestamp
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.off_policy import off_policy_manifest
+from kiln_registry.jobs.corpus import trailer_line
+from kiln_registry.jobs.generation_sources import GenerationSettings
+from kiln_registry.jobs.generation_wire import Generated
+from kiln_registry.jobs.models import GenerationCacheRow
+from kiln_registry.jobs.signing import CorpusSigner
+
+META_FORMAT: Final = "kiln-registry.generation.v1"
+EXAMPLE_KEYS: Final = ("id", "messages", "teacher_response", "teacher_tokens", "metadata")
+SIGNATURE_SUFFIX: Final = ".sig"
+LOOKUP_CHUNK: Final = 500
+
+
+def signature_path(corpus: Path) -> Path:
+    return corpus.with_name(corpus.name + SIGNATURE_SUFFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class ExampleContext:
+    job_id: str
+    teacher: str
+    identity: TeacherIdentity
+    settings: GenerationSettings
+    tokenizer: Any
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
+
+
+def _teacher_tokens(ctx: ExampleContext, gen: Generated) -> list[dict[str, object]]:
+    assert gen.logprobs is not None and gen.top_ids is not None and gen.top_logprobs is not None
+    return [
+        {"token_id": token, "token": ctx.token_text(token), "logprob": own,
+         "top_logprobs": [{"token_id": i, "logprob": lp} for i, lp in zip(ids, lps, strict=True)]}
+        for token, own, ids, lps in zip(
+            gen.token_ids, gen.logprobs, gen.top_ids, gen.top_logprobs, strict=True
+        )
+    ]  # fmt: skip
+
+
+def encode_example(
+    ctx: ExampleContext, seq_id: str, messages_json: str, prompt_sha256: str, gen: Generated
+) -> bytes:
+    """One example line (with its newline); see the module docstring."""
+    text = ctx.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    example: dict[str, object] = {
+        "id": seq_id,
+        "messages": json.loads(messages_json),
+        "teacher_response": str(text),
+    }
+    if ctx.settings.top_k > 0:
+        example["teacher_tokens"] = _teacher_tokens(ctx, gen)
+    example["metadata"] = {
+        "format": META_FORMAT, "job_id": ctx.job_id, "teacher": ctx.teacher,
+        "identity_digest": ctx.identity.digest(), "prompt_token_ids_sha256": prompt_sha256,
+        "completion_token_ids": gen.token_ids, "finish_reason": gen.finish_reason,
+        "settings": json.loads(ctx.settings.canonical_json()),
+    }  # fmt: skip
+    return orjson.dumps(example, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(partial: Path, final: Path, handle: BinaryIO) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+    os.replace(partial, final)
+
+
+class ExampleWriter:
+    """Streams a generation corpus into ``.<name>.partial``; signs it detached and publishes."""
+
+    def __init__(self, final: Path, identity: TeacherIdentity, signer: CorpusSigner) -> None:
+        self.final = final
+        self.signer = signer
+        self.partial = final.with_name(f".{final.name}.partial")
+        self.sig_partial = final.with_name(f".{final.name}{SIGNATURE_SUFFIX}.partial")
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=1 << 20)
+        self.write((off_policy_manifest(identity) + "\n").encode("utf-8"))
+
+    def write(self, line: bytes) -> None:
+        assert self._file is not None, "the corpus writer is closed"
+        self._file.write(line)
+        self.sha256.update(line)
+        self.bytes += len(line)
+
+    def commit(self) -> tuple[str, int]:
+        """Sign the digest, publish ``<final>.sig`` then ``final``; the corpus SHA-256 and size."""
+        assert self._file is not None, "the corpus writer is closed"
+        digest = self.sha256.hexdigest()
+        line = trailer_line(digest, self.signer.public.key_id, self.signer.sign(digest).hex())
+        fd = os.open(self.sig_partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as sig:
+            sig.write(line)
+            _publish(self.sig_partial, signature_path(self.final), sig)
+        _publish(self.partial, self.final, self._file)
+        self._file = None
+        _fsync_dir(self.final.parent)
+        return digest, self.bytes
+
+    def discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.partial.unlink(missing_ok=True)
+        self.sig_partial.unlink(missing_ok=True)
+
+
+# -- the generation cache --------------------------------------------------------
+
+
+def cache_lookup(
+    session: Session, identity_digest: str, settings_sha256: str, prompts: Sequence[str]
+) -> dict[str, Generated]:
+    """Cached generations of ``prompts`` (ids SHA-256s); rows that do not decode are skipped."""
+    found: dict[str, Generated] = {}
+    for start in range(0, len(prompts), LOOKUP_CHUNK):
+        chunk = list(prompts[start : start + LOOKUP_CHUNK])
+        rows = session.execute(
+            select(GenerationCacheRow.prompt_sha256, GenerationCacheRow.result_json).where(
+                GenerationCacheRow.identity_digest == identity_digest,
+                GenerationCacheRow.settings_sha256 == settings_sha256,
+                GenerationCacheRow.prompt_sha256.in_(chunk),
+            )
+        )
+        for sha, text in rows:
+            try:
+                found[sha] = Generated.from_json(json.loads(text))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def cache_store(
+    session: Session, identity_digest: str, settings_sha256: str,
+    items: Iterable[tuple[str, Generated]],
+) -> None:  # fmt: skip
+    now = utc_timestamp()
+    values = [
+        {"identity_digest": identity_digest, "settings_sha256": settings_sha256,
+         "prompt_sha256": sha, "result_json": json.dumps(gen.to_json(), separators=(",", ":")),
+         "created_at": now}
+        for sha, gen in items
+    ]  # fmt: skip
+    if values:
+        session.execute(sqlite_insert(GenerationCacheRow).values(values).on_conflict_do_nothing())
+
+
+# -- the prompts of a job ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PromptItem:
+    idx: int
+    seq_id: str
+    token_ids: list[int]
+    token_sha256: str
+    messages_json: str
+
+
+def insert_prompts(session: Session, job_id: str, items: Sequence[tuple[Any, str]]) -> None:
+    """Store a job's prompts (``(JobSequence, messages_json)``) in pages."""
+    from sqlalchemy import insert
+
+    from kiln_registry.jobs.models import JobSequenceRow
+
+    for start in range(0, len(items), LOOKUP_CHUNK):
+        session.execute(
+            insert(JobSequenceRow),
+            [
+                {"job_id": job_id, "idx": start + i, "seq_id": seq.seq_id,
+                 "token_ids": seq.tokens, "token_sha256": seq.sha256, "messages_json": messages}
+                for i, (seq, messages) in enumerate(items[start : start + LOOKUP_CHUNK])
+            ],
+        )  # fmt: skip
+
+
+def prompt_page(session: Session, job_id: str, *, after: int, limit: int) -> list[PromptItem]:
+    from kiln_registry.jobs.models import JobSequenceRow
+
+    rows = session.execute(
+        select(JobSequenceRow.idx, JobSequenceRow.seq_id, JobSequenceRow.token_ids,
+               JobSequenceRow.token_sha256, JobSequenceRow.messages_json)
+        .where(JobSequenceRow.job_id == job_id, JobSequenceRow.idx > after)
+        .order_by(JobSequenceRow.idx)
+        .limit(limit)
+    )  # fmt: skip
+    return [
+        PromptItem(idx, seq_id, [int.from_bytes(data[i : i + 4], "little")
+                                 for i in range(0, len(data), 4)], sha, messages or "[]")
+        for idx, seq_id, data, sha, messages in rows
+    ]  # fmt: skip

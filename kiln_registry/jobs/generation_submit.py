@@ -1,0 +1,89 @@
+"""Submitting an off-policy generation job: pin the teacher, render and store the prompts.
+
+The same rules as a scoring submission (``jobs.service``): the alias's
+complete spec is pinned, every prompt is validated against the pinned
+identity before anything is stored (so a bad prompt leaves no row), and the
+insert transaction re-reads the alias and refuses (``JobConflict``) if it
+changed meanwhile.  Prompts are rendered with the loaded student's chat
+template (``jobs.generation_sources``); the job row records the canonical
+sampling settings in ``generation_json`` and ``top_k``.
+
+Call from a worker thread.  Imports: standard library, SQLAlchemy,
+``kiln_registry.config``/``db``/``errors`` and ``jobs``; never the API.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from kiln_registry.config import KilnConfig
+from kiln_registry.db.repository import TeacherRepository, unit_of_work
+from kiln_registry.errors import JobConflict, JobInvalid
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.jobs.generation_output import insert_prompts
+from kiln_registry.jobs.generation_sources import (
+    GenerationSettings,
+    Prompts,
+    corpus_prompts,
+    inline_prompts,
+    student_tokenizer,
+)
+from kiln_registry.jobs.models import JobRow
+from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.service import JobSubmission, _job_row, _read_pin, pin_teacher
+from kiln_registry.jobs.sources import LoadedSequences
+
+KIND = "off_policy_generation"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSubmission:
+    """A validated request: exactly one of ``prompts`` and ``corpus_path``."""
+
+    teacher: str
+    settings: GenerationSettings
+    prompts: Sequence[object] | None = None
+    corpus_path: str | None = None
+
+
+def load_prompts(
+    config: KilnConfig, sub: GenerationSubmission, identity: TeacherIdentity
+) -> Prompts:
+    sub.settings.check(identity)
+    if (sub.prompts is None) == (sub.corpus_path is None):
+        raise JobInvalid("give exactly one of prompts and corpus", rule="job.source")
+    tokenizer = student_tokenizer(config.student.model_path)
+    if sub.prompts is not None:
+        return inline_prompts(sub.prompts, tokenizer, identity, sub.settings)
+    assert sub.corpus_path is not None
+    return corpus_prompts(config.jobs.corpus_root, sub.corpus_path, tokenizer, identity,
+                          sub.settings)  # fmt: skip
+
+
+def submit_generation(
+    config: KilnConfig, sessions: sessionmaker[Session], sub: GenerationSubmission
+) -> JobRow:
+    """Validate and queue a generation job; return its row (detached from the session)."""
+    pin = _read_pin(sessions, sub.teacher)
+    prompts = load_prompts(config, sub, pin.identity)
+    job_id = "job-" + secrets.token_hex(12)
+    with unit_of_work(sessions) as session:
+        if pin_teacher(TeacherRepository(session).get(sub.teacher), sub.teacher) != pin:
+            raise JobConflict(
+                f"teacher alias {sub.teacher!r} changed while the job was being submitted",
+                hint="submit the job again",
+            )
+        loaded = LoadedSequences([seq for seq, _ in prompts.items], prompts.token_count,
+                                 prompts.corpus_path, prompts.corpus_sha256)  # fmt: skip
+        row = _job_row(job_id, pin, JobSubmission(sub.teacher, sub.settings.top_k), loaded)
+        row.kind = KIND
+        row.generation_json = sub.settings.canonical_json()
+        JobRepository(session).insert(row, [])
+        insert_prompts(session, job_id, prompts.items)
+        session.flush()
+        session.expunge(row)
+        return row
