@@ -6,10 +6,12 @@ routes (``POST /v1/completions``, ``GET /v1/models``, ``GET /health``).
 Modules: ``config`` (settings and the entry point's flags), ``refusals``
 (vLLM-shaped error bodies), ``http1`` (the strict request-head parser and
 response framing), ``admission`` (routes, credentials and request limits),
-``upstream`` (the keep-alive client over the Unix socket), ``server`` (the
-asyncio server, forwarding and drain).  ``python -m kiln_registry.gateway``
+``upstream`` (the keep-alive client protocol over the Unix socket),
+``forward`` (one request's relay), ``server`` (the asyncio server, client
+connections and drain).  ``python -m kiln_registry.gateway``
 runs one; the launcher starts it (``launcher.launch``).
 
-Imports: standard library and ``kiln_registry.errors``; never vLLM, h11,
+Imports: standard library, ``kiln_registry.errors`` and orjson (``admission``'s
+fast path); uvloop when installed (``__main__``); never vLLM, h11,
 FastAPI, httpx or numpy (the gateway process starts lean).
 """

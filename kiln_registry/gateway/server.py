@@ -1,22 +1,22 @@
 """The gateway server: accept, admit, forward to the Unix socket, drain.
 
-``Gateway`` listens with ``asyncio.start_server`` on the configured host and
-port.  Per connection: read one head (``http1.parse_head``), route it,
-check credentials, frame and read the body under its bound, admit a
-completion body, then forward the exchange over the upstream pool.  Only an
-allowlist of request headers is forwarded (``content-type``, ``accept``,
-plus the gateway's own ``host``, ``content-length`` and
-``accept-encoding: identity``), so client credentials, hop-by-hop and
-request-id headers never reach vLLM.  The answer's status, reason and
-end-to-end headers are copied in order (hop-by-hop ones dropped, framing
-rewritten) and the body bytes are relayed as received: a Content-Length
-answer keeps its length, any other answer is relayed chunk for chunk.
+``Gateway`` listens on the configured host and port; each client connection
+is a ``ClientConnection`` (an ``asyncio.Protocol``: no stream reader, no
+task per request).  Per request: collect one head (at most
+``MAX_HEAD_BYTES``) and parse it (``http1.parse_head``), route it, check
+credentials, frame the body under its bound (413 before it is read), admit
+a completion body, then hand the exchange to a ``forward.Forward`` over the
+upstream pool.  Only an allowlist of request headers is forwarded
+(``content-type``, ``accept``, plus the gateway's own ``host``,
+``content-length`` and ``accept-encoding: identity``), so client
+credentials, hop-by-hop and request-id headers never reach vLLM.
 
-Bounds: an answer whose Content-Length exceeds its bound is replaced by a
-502 before anything is written; a streamed answer that passes it mid-way
-ends the client connection without a terminating chunk (an incomplete body,
-never a silently cut one), as does an upstream that breaks off mid-body.
-An upstream that does not answer within ``upstream_timeout`` is a 504.
+Requests on one connection are served in order; bytes of a pipelined next
+request wait in the connection's buffer (reading pauses past
+``MAX_HEAD_BYTES`` of them) and are judged on their own afterwards.  A
+connection waits at most ``idle_timeout`` for a head, and as long again for
+its body (then 400).  A refusal the gateway answers itself keeps the
+connection open only when its framing is known and nothing asked to close.
 
 Drain (``Gateway.drain``): stop listening, close idle connections, let
 requests in flight finish (their answers say ``connection: close``) until
@@ -29,37 +29,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
+from typing import cast
 
 from kiln_registry.gateway.admission import (
     COMPLETIONS,
     HEALTH,
     admit_completion,
     check_credentials,
-    response_cap,
     route,
 )
 from kiln_registry.gateway.config import GatewayConfig
+from kiln_registry.gateway.forward import Forward, upstream_request
 from kiln_registry.gateway.http1 import (
     MAX_HEAD_BYTES,
     RequestHead,
     body_length,
     parse_head,
     refusal_bytes,
-    response_head,
 )
 from kiln_registry.gateway.refusals import Refusal
-from kiln_registry.gateway.upstream import (
-    ResponseHead,
-    StaleConnection,
-    Upstream,
-    UpstreamFailed,
-    UpstreamPool,
-)
+from kiln_registry.gateway.upstream import UpstreamPool
 
-FLUSH_BYTES = 64 * 1024
 DRAIN_POLL_SECONDS = 0.02
-_FORWARDED = (b"content-type", b"accept")
+WRITE_HIGH_WATER = 256 * 1024
+_END_OF_HEAD = b"\r\n\r\n"
 
 
 class Gateway:
@@ -72,11 +67,12 @@ class Gateway:
         self.port = config.port
         self.draining = False
         self.in_flight = 0
-        self.connections: dict[asyncio.Task[None], bool] = {}  # task -> busy
+        self.clients: set[ClientConnection] = set()
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(
-            self._connection, self.config.host, self.config.port, limit=MAX_HEAD_BYTES
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: ClientConnection(self), self.config.host, self.config.port
         )
         self.port = self.server.sockets[0].getsockname()[1]
 
@@ -86,195 +82,229 @@ class Gateway:
         if self.server is not None:
             self.server.close()
         deadline = time.monotonic() + (self.config.drain_seconds if seconds is None else seconds)
-        for task, busy in list(self.connections.items()):
-            if not busy:
-                task.cancel()
-        while any(self.connections.values()) and time.monotonic() < deadline:
+        for client in list(self.clients):
+            if not client.busy:
+                client.close()
+        while any(c.busy for c in self.clients) and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_SECONDS)
-        tasks = list(self.connections)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in list(self.clients):
+            client.abort()
+        await asyncio.sleep(0)  # let the aborted connections' callbacks run
         self.pool.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        if self.draining or len(self.connections) >= self.config.max_connections:
-            writer.write(refusal_bytes(Refusal(503, "the gateway is not accepting connections")))
-            with contextlib.suppress(OSError):
-                await writer.drain()
-            writer.close()
+
+class ClientConnection(asyncio.Protocol):
+    """One client connection: its requests, one at a time, in order."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.config = gateway.config
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.head: RequestHead | None = None  # set from a parsed head to the end of its answer
+        self.kind = ""
+        self.length = 0
+        self.forward: Forward | None = None
+        self.closing = False
+        self.eof = False
+        self.reading_paused = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.head is not None and not self.closing
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = client = cast(asyncio.Transport, transport)  # uvloop's: no subclass
+        gateway = self.gateway
+        if gateway.draining or len(gateway.clients) >= self.config.max_connections:
+            client.write(refusal_bytes(Refusal(503, "the gateway is not accepting connections")))
+            self.close()
             return
-        self.connections[task] = False
-        try:
-            while await self._serve_one(reader, writer, task):
-                pass
-        except (OSError, asyncio.CancelledError):
-            pass
-        finally:
-            self.connections.pop(task, None)
-            writer.close()
+        gateway.clients.add(self)
+        sock = client.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._arm()
 
-    async def _serve_one(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[None]
-    ) -> bool:
-        """Serve one request; True when the connection stays open for another."""
-        try:
-            async with asyncio.timeout(self.config.idle_timeout):
-                raw = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            raw = b""  # parse_head refuses it with 431 below
-        except (asyncio.IncompleteReadError, TimeoutError):
-            return False
-        self.connections[task] = True
-        try:
-            return await self._answer(raw, reader, writer)
-        except Refusal as refusal:
-            writer.write(refusal_bytes(refusal))
-            await writer.drain()
-            return not refusal.close and not self.draining
-        finally:
-            self.connections[task] = False
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.buffer += data
+        if self.forward is None:
+            self._advance()
+        elif len(self.buffer) > MAX_HEAD_BYTES and not self.reading_paused:
+            self._pause_reading(True)  # a pipelined request waits its turn, bounded
 
-    async def _answer(
-        self, raw: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        if not raw:
-            raise Refusal(431, f"the request head exceeds {MAX_HEAD_BYTES} bytes")
-        head = parse_head(raw)
-        close = head.wants_close or self.draining
-        try:
-            kind = route(head)
-            if kind != HEALTH:
-                check_credentials(head, self.config.api_key)
-            body = await self._body(head, reader, writer)
-            admitted = admit_completion(body, self.config) if kind == COMPLETIONS else None
-            if self.in_flight >= self.config.max_concurrent:
-                raise Refusal(503, "too many requests in flight at the gateway", close=False)
-            limit = admitted.response_limit if admitted is not None else None
-            self.in_flight += 1
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.forward is not None:
+            return True  # answer the request in flight, then close
+        self._advance()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self._disarm()
+        self.gateway.clients.discard(self)
+        if self.forward is not None:
+            forward, self.forward = self.forward, None
+            forward.cancel()
+
+    def pause_writing(self) -> None:
+        if self.forward is not None:
+            self.forward.pause(True)
+
+    def resume_writing(self) -> None:
+        if self.forward is not None:
+            self.forward.pause(False)
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Serve what the buffer holds; at its end, wait for more or close on EOF."""
+        while not self.closing and self.forward is None:
             try:
-                kept = await self._forward(head, body, limit, writer, close=close)
-            finally:
-                self.in_flight -= 1
-        except Refusal as refusal:
-            refusal.close = refusal.close or close
-            raise
-        return kept and not close and not self.draining
+                if self._step():
+                    continue
+            except Refusal as refusal:
+                self.refuse(refusal)  # schedules what the buffer still holds
+                return
+            if self.eof and self.head is None:
+                self.close()  # no (complete) head before the client's end
+            elif self.eof:
+                self.refuse(Refusal(400, "the request body ended early or arrived too slowly"))
+            return
 
-    async def _body(
-        self, head: RequestHead, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bytes:
-        length = body_length(head)
-        if length > self.config.body_limit:
+    def _step(self) -> bool:
+        """Take one request from the buffer; False when more bytes are needed."""
+        if self.head is None:
+            end = self.buffer.find(_END_OF_HEAD, 0, MAX_HEAD_BYTES + 4)
+            if end < 0:
+                if len(self.buffer) > MAX_HEAD_BYTES:
+                    raise Refusal(431, f"the request head exceeds {MAX_HEAD_BYTES} bytes")
+                return False
+            raw = bytes(self.buffer[: end + 4])
+            del self.buffer[: end + 4]
+            self._read_head(raw)
+        if len(self.buffer) < self.length:
+            return False
+        body = bytes(self.buffer[: self.length])
+        del self.buffer[: self.length]
+        self._dispatch(body)
+        return True
+
+    def _read_head(self, raw: bytes) -> None:
+        head = parse_head(raw)
+        self.head = head
+        self.kind = route(head)
+        if self.kind != HEALTH:
+            check_credentials(head, self.config.api_key)
+        self.length = body_length(head)
+        if self.length > self.config.body_limit:
             raise Refusal(413, f"the request body exceeds {self.config.body_limit} bytes")
         expect = head.single(b"expect")
         if expect is not None:
             if expect.lower() != b"100-continue":
                 raise Refusal(417, "only Expect: 100-continue is understood")
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if not length:
-            return b""
-        try:
-            async with asyncio.timeout(self.config.idle_timeout):
-                return await reader.readexactly(length)
-        except (asyncio.IncompleteReadError, TimeoutError):
-            raise Refusal(400, "the request body ended early or arrived too slowly") from None
+            self.write([b"HTTP/1.1 100 Continue\r\n\r\n"])
+        if len(self.buffer) < self.length:
+            self._arm()  # the body has its own deadline
 
-    async def _exchange(self, head: RequestHead, body: bytes) -> tuple[Upstream, ResponseHead]:
-        """Send the request upstream; one retry on a fresh connection if a pooled one was stale."""
-        headers = _upstream_headers(head, len(body))
-        for attempt in range(2):
-            conn = await self._acquire(fresh=attempt > 0)
-            try:
-                await conn.send(head.method, head.target, headers, body)
-                return conn, await conn.head(self.config.upstream_timeout)
-            except StaleConnection:
-                conn.close()
-            except UpstreamFailed as exc:
-                conn.close()
-                raise Refusal(504 if exc.timeout else 502, str(exc), close=False) from None
-        raise Refusal(502, "the upstream closed the connection before answering", close=False)
+    def _dispatch(self, body: bytes) -> None:
+        assert self.head is not None
+        config = self.config
+        admitted = admit_completion(body, config) if self.kind == COMPLETIONS else None
+        request = upstream_request(self.head, body)
+        if self.gateway.in_flight >= config.max_concurrent:
+            raise Refusal(503, "too many requests in flight at the gateway", close=False)
+        self._disarm()
+        limit = admitted.response_limit if admitted is not None else None
+        self.forward = Forward(self, self.gateway.pool, request, limit, config.upstream_timeout)
+        self.gateway.in_flight += 1
+        self.forward.start()
 
-    async def _acquire(self, *, fresh: bool) -> Upstream:
-        try:
-            return await self.pool.acquire(fresh=fresh)
-        except UpstreamFailed as exc:
-            raise Refusal(502, str(exc), close=False) from None
+    # -- called by Forward --------------------------------------------------------------
 
-    async def _forward(
-        self,
-        head: RequestHead,
-        body: bytes,
-        limit: int | None,
-        writer: asyncio.StreamWriter,
-        *,
-        close: bool,
-    ) -> bool:
-        """Relay one exchange; False when the client connection had to be ended."""
-        conn, answer = await self._exchange(head, body)
-        cap = response_cap(answer.status, limit)
-        declared = answer.content_length
-        if declared is not None and declared > cap:
-            conn.close()
-            raise Refusal(502, f"the upstream answer exceeds the bound of {cap} bytes", close=False)
-        framing = [b"content-length: %d" % declared] if declared is not None else []
-        framing += [] if declared is not None else [b"transfer-encoding: chunked"]
-        framing += [b"connection: close"] if close else []
-        first = response_head(answer.status, answer.reason, answer.headers, framing)
-        try:
-            relayed = await self._relay(conn, answer, writer, first, cap)
-        except Refusal:
-            conn.close()
-            raise
-        if relayed:
-            self.pool.release(conn)
+    def must_close(self) -> bool:
+        """Whether this answer ends the connection (asked for, draining, or half-closed)."""
+        wants = self.head is not None and self.head.wants_close
+        return wants or self.gateway.draining or self.eof
+
+    def write(self, data: list[bytes | memoryview]) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.writelines(data)
+
+    def finished(self, tail: list[bytes | memoryview], *, keep: bool) -> None:
+        """The answer is complete once ``tail`` is written; serve the next request or close."""
+        self.forward = None
+        self.write(tail)
+        self._next(keep)
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Answer a refusal ourselves; the connection stays only when its framing is known."""
+        refusal.close = refusal.close or self.must_close()
+        self.forward = None
+        self.write([refusal_bytes(refusal)])
+        self._next(not refusal.close)
+
+    def cut(self) -> None:
+        """End the connection mid-answer: the client sees an incomplete body."""
+        self.forward = None
+        self.abort()
+
+    def _next(self, keep: bool) -> None:
+        self.head, self.length = None, 0
+        if not keep or self.gateway.draining:
+            self.close()
+            return
+        self._arm()
+        if self.reading_paused:
+            self._pause_reading(False)
+        if self.buffer or self.eof:
+            self.loop.call_soon(self._advance)
+
+    # -- connection state ---------------------------------------------------------------
+
+    def close(self) -> None:
+        self.closing = True
+        self._disarm()
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        self._disarm()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _pause_reading(self, paused: bool) -> None:
+        assert self.transport is not None
+        self.reading_paused = paused
+        if paused:
+            self.transport.pause_reading()
         else:
-            conn.close()
-            writer.transport.abort()
-        return relayed
+            self.transport.resume_reading()
 
-    async def _relay(
-        self,
-        conn: Upstream,
-        answer: ResponseHead,
-        writer: asyncio.StreamWriter,
-        first: bytes,
-        cap: int,
-    ) -> bool:
-        """Copy the body; False when it broke off or passed ``cap`` after bytes were written
-        (the client is cut off), a 502 refusal when that happens before any were."""
-        chunked = answer.content_length is None
-        pending, sent, written = [first], 0, False
-        try:
-            async for data in conn.body(answer, self.config.upstream_timeout):
-                sent += len(data)
-                if sent > cap:
-                    if written:
-                        return False
-                    raise Refusal(502, f"the upstream answer exceeds the bound of {cap} bytes")
-                pending += [b"%x\r\n" % len(data), data, b"\r\n"] if chunked else [data]
-                if chunked or sent >= FLUSH_BYTES:
-                    writer.write(b"".join(pending))
-                    pending, written = [], True
-                    await writer.drain()
-        except UpstreamFailed as exc:
-            if written:
-                return False
-            raise Refusal(504 if exc.timeout else 502, str(exc)) from None
-        pending += [b"0\r\n\r\n"] if chunked else []
-        writer.write(b"".join(pending))
-        await writer.drain()
-        return True
+    def _arm(self) -> None:
+        self._disarm()
+        self.timer = self.loop.call_later(self.config.idle_timeout, self._idle)
 
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
-def _upstream_headers(head: RequestHead, length: int) -> list[tuple[bytes, bytes]]:
-    headers = [(b"host", b"localhost"), (b"accept-encoding", b"identity")]
-    for name in _FORWARDED:
-        value = head.single(name)
-        if value is not None:
-            headers.append((name, value))
-    if head.method == b"POST":
-        headers.append((b"content-length", b"%d" % length))
-    return headers
+    def _idle(self) -> None:
+        self.timer = None
+        if self.closing or self.forward is not None:
+            return
+        if self.head is None:
+            self.close()  # no head in time: closed without an answer
+        else:
+            self.refuse(Refusal(400, "the request body ended early or arrived too slowly"))

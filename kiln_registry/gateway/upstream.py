@@ -1,18 +1,23 @@
 """The gateway's keep-alive HTTP/1.1 client to vLLM over its private Unix socket.
 
 ``UpstreamPool`` keeps idle connections (at most ``max_idle``) to the one
-socket; ``Upstream`` runs one exchange.  The client is hand-framed rather
-than a general state machine because it sits on the hot path of every
-scoring request and moves bodies of hundreds of kilobytes: the request is
-written in one call, the answer's head is parsed strictly (status line,
-token header names, visible-ASCII values, one ``Content-Length`` or
-``Transfer-Encoding: chunked``, never both), and body bytes are handed on
-as each ``recv`` returns them, without a stream buffer in between.  Bytes
-past a declared Content-Length are dropped and the connection is not reused.
+socket; an ``UpstreamConnection`` is an ``asyncio.Protocol`` that runs one
+exchange at a time for a ``Sink`` (the forwarding side).  It sits on the
+hot path of every scoring request and moves bodies of hundreds of
+kilobytes, so it is callback-driven: the request goes out in one
+``writelines``, the answer's head is parsed strictly (status line, token
+header names, visible-ASCII values, one ``Content-Length`` or
+``Transfer-Encoding: chunked``, never both), and the body bytes each read
+returns are handed to the sink as they are, without a stream buffer, a task
+or a copy in between.  Bytes past a declared Content-Length are dropped and
+the connection is not reused.  A chunked answer is handed on chunk by chunk
+(a chunk is buffered whole, after its size was checked against the bound).
 
-Each read waits at most ``timeout`` seconds.  A reused connection that
-answers nothing is reported as ``StaleConnection`` so the caller can send
-once more on a fresh one.  Failures are ``UpstreamFailed`` with a short
+The answer's body is bounded by the ``cap`` the sink returns for its head:
+more is an ``OverBound`` failure.  Each wait for upstream bytes lasts at most
+``timeout`` seconds (one lazily re-armed timer per exchange).  A reused
+connection that ends before it answers anything fails as ``StaleConnection``
+so the caller can send once more on a fresh one.  Failures carry a short
 reason that never quotes upstream bytes.
 
 Imports: standard library only.
@@ -21,13 +26,11 @@ Imports: standard library only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, cast
 
-READ_BYTES = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per read
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 128
 MAX_INTERIM = 4
@@ -35,9 +38,12 @@ MAX_CHUNK_LINE = 1024
 MAX_TRAILER_LINES = 64
 CONNECT_TIMEOUT = 5.0
 _STATUS_LINE = re.compile(rb"HTTP/1\.1 ([1-5][0-9][0-9]) ([\x20-\x7e\t]*)")
-_HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}):[ \t]*([\x20-\x7e\t]*?)[ \t]*")
+# Every header line with its CRLF, checked in one pass (token name, colon, visible ASCII).
+_HEADER_BLOCK = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}:[\x20-\x7e\t]*\r\n)*")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,8})(;[\x20-\x7e\t]*)?\r\n")
 _DIGITS = re.compile(rb"[0-9]{1,12}")
+# Exchange states.
+IDLE, HEAD, LENGTH, UNTIL_CLOSE, CHUNK_SIZE, CHUNK_DATA, TRAILER, CLOSED = range(8)
 
 
 class UpstreamFailed(Exception):
@@ -49,7 +55,11 @@ class UpstreamFailed(Exception):
 
 
 class StaleConnection(UpstreamFailed):
-    """A reused connection answered nothing (the upstream had closed it)."""
+    """A reused connection ended before it answered anything (the upstream had closed it)."""
+
+
+class OverBound(UpstreamFailed):
+    """The answer's body passed the bound its sink set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,156 +74,269 @@ class ResponseHead:
     close: bool
 
 
-class Upstream:
-    """One connection to the upstream socket (a non-blocking socket read with ``sock_recv``,
-    so body bytes go from one ``recv`` to the client's ``send`` without another copy)."""
+class Sink(Protocol):
+    """Where one exchange's answer goes (``server.Forward``)."""
 
-    def __init__(self, sock: socket.socket, *, reused: bool) -> None:
-        self.sock = sock
+    def on_head(self, head: ResponseHead) -> int | None:
+        """The body's bound, or None when the sink gave up on the exchange (it closed it)."""
+
+    def on_body(self, data: bytes | memoryview) -> None:
+        """Body bytes (one whole chunk's payload for a chunked answer)."""
+
+    def on_end(self) -> None:
+        """The body is complete; the connection is idle again."""
+
+    def on_fail(self, failure: UpstreamFailed) -> None:
+        """The exchange failed; the connection is closed."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One connection to the upstream socket; at most one exchange at a time."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self.pool = pool
         self.loop = asyncio.get_running_loop()
-        self.buffer = b""
-        self.reused = reused
+        self.transport: asyncio.Transport | None = None
+        self.sink: Sink | None = None
+        self.state = IDLE
+        self.buffer = bytearray()
+        self.reused = False
         self.received = False
-        self.finished = False
         self.keep = False
+        self.timeout = 0.0
+        self.last = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.remaining = 0  # LENGTH: body bytes still due; CHUNK_DATA: payload plus CRLF
+        self.left = 0  # bytes the bound still allows
+        self.lines = 0  # interim answers, then trailer lines
 
-    async def send(
-        self, method: bytes, target: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes
-    ) -> None:
-        lines = [method + b" " + target + b" HTTP/1.1"]
-        lines += [name + b": " + value for name, value in headers]
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        if self.state in (IDLE, CLOSED):
+            self._close()  # bytes nobody asked for: never reused
+            return
+        self.received = True
+        self.last = self.loop.time()
         try:
-            await self.loop.sock_sendall(self.sock, b"\r\n".join(lines) + b"\r\n\r\n" + body)
-        except OSError:
-            raise self._lost("the upstream connection failed while sending") from None
+            self._feed(data)
+        except UpstreamFailed as failure:
+            self._fail(failure)
 
-    async def head(self, timeout: float) -> ResponseHead:
-        """The final response head (interim 1xx answers are skipped, at most 4)."""
-        for _ in range(MAX_INTERIM + 1):
-            raw = await self._until(b"\r\n\r\n", MAX_HEAD_BYTES, timeout)
-            head = _parse_head(raw)
-            if head.status >= 200:
-                self.keep = not head.close and (head.chunked or head.content_length is not None)
-                return head
-        raise UpstreamFailed("the upstream sent too many interim responses")
+    def eof_received(self) -> bool:
+        if self.state == UNTIL_CLOSE:
+            self.keep = False
+            self._end()
+        self._lost()
+        return False
 
-    async def body(self, head: ResponseHead, timeout: float) -> AsyncIterator[bytes]:
-        """The body's bytes as read (chunk payloads for a chunked answer)."""
-        if head.chunked:
-            async for data in self._chunks(timeout):
-                yield data
-        else:
-            remaining = head.content_length
-            while remaining is None or remaining > 0:
-                data = self._take(remaining) or await self._recv(timeout)
-                if not data:
-                    if remaining is None:
-                        break
-                    raise self._lost("the upstream closed the connection mid-answer")
-                if remaining is not None and len(data) > remaining:
-                    self.keep = False  # bytes past the declared length: never reused
-                    data = data[:remaining]
-                remaining = None if remaining is None else remaining - len(data)
-                yield data
-        self.finished = True
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost()
 
-    async def _chunks(self, timeout: float) -> AsyncIterator[bytes]:
-        while True:
-            line = await self._until(b"\r\n", MAX_CHUNK_LINE, timeout)
-            match = _CHUNK_SIZE.fullmatch(line)
-            if match is None:
-                raise UpstreamFailed("the upstream broke the chunked framing")
-            size = int(match[1], 16)
-            if size == 0:
-                break
-            data = await self._exactly(size + 2, timeout)
-            if data[-2:] != b"\r\n":
-                raise UpstreamFailed("the upstream broke the chunked framing")
-            yield data[:-2]
-        for _ in range(MAX_TRAILER_LINES):
-            if await self._until(b"\r\n", MAX_CHUNK_LINE, timeout) == b"\r\n":
+    # -- one exchange -----------------------------------------------------------------
+
+    def send(self, request: Sequence[bytes], sink: Sink, timeout: float) -> None:
+        """Write ``request`` and deliver its answer to ``sink``."""
+        assert self.transport is not None and self.state == IDLE
+        self.sink, self.state, self.received, self.lines = sink, HEAD, False, 0
+        self.timeout, self.last = timeout, self.loop.time()
+        self.timer = self.loop.call_at(self.last + timeout, self._check_timer)
+        self.transport.writelines(request)
+
+    def abort(self) -> None:
+        """Give up on the exchange (the client went away or refused the answer)."""
+        self.sink = None
+        self._close()
+
+    def pause(self, paused: bool) -> None:
+        if self.transport is not None and self.state != CLOSED:
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        if self.state == LENGTH:
+            self._length(data)  # the hot path: body bytes straight to the sink
+            return
+        while self.state == HEAD:
+            rest = self._head(data)
+            if rest is None:
                 return
-        raise UpstreamFailed("the upstream sent too many trailer lines")
+            data = rest
+        if self.state == LENGTH:
+            self._length(data)
+        elif self.state == UNTIL_CLOSE:
+            self._counted(data)
+        elif self.state != IDLE:
+            self.buffer += data
+            while self.sink is not None and self._chunked(self.state):
+                pass
 
-    def _take(self, limit: int | None) -> bytes:
-        """Buffered bytes (at most ``limit``), removed from the buffer."""
-        if limit is None or len(self.buffer) <= limit:
-            data, self.buffer = self.buffer, b""
-        else:
-            data, self.buffer = self.buffer[:limit], self.buffer[limit:]
-        return data
-
-    async def _until(self, marker: bytes, limit: int, timeout: float) -> bytes:
-        """Bytes up to and including ``marker`` (at most ``limit`` of them)."""
-        while (end := self.buffer.find(marker)) < 0:
-            if len(self.buffer) > limit:
+    def _head(self, data: bytes | memoryview) -> memoryview | None:
+        """Parse one head; the bytes after it, or None when more are needed or it ended."""
+        raw = bytes(self.buffer + data) if self.buffer else bytes(data)
+        end = raw.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)
+        if end < 0:
+            if len(raw) >= MAX_HEAD_BYTES:
                 raise UpstreamFailed("the upstream sent an over-long head or line")
-            data = await self._recv(timeout)
-            if not data:
-                raise self._lost("the upstream closed the connection mid-answer")
-            self.buffer += data
-        if end + len(marker) > limit:
-            raise UpstreamFailed("the upstream sent an over-long head or line")
-        return self._take(end + len(marker))
+            self.buffer = bytearray(raw)
+            return None
+        self.buffer = bytearray()
+        head = parse_response_head(raw[: end + 4])
+        rest = memoryview(raw)[end + 4 :]
+        if head.status < 200:
+            self.lines += 1
+            if self.lines > MAX_INTERIM:
+                raise UpstreamFailed("the upstream sent too many interim responses")
+            return rest
+        assert self.sink is not None
+        self.keep = not head.close and (head.chunked or head.content_length is not None)
+        cap = self.sink.on_head(head)
+        if cap is None:
+            return None
+        self.left, self.lines = cap, 0
+        if head.chunked:
+            self.state = CHUNK_SIZE
+        elif head.content_length is None:
+            self.state = UNTIL_CLOSE
+        else:
+            self.state, self.remaining = LENGTH, head.content_length
+        if self.state == LENGTH and not self.remaining:
+            self.keep = self.keep and not rest
+            self._end()
+            return None
+        return rest
 
-    async def _exactly(self, size: int, timeout: float) -> bytes:
-        while len(self.buffer) < size:
-            data = await self._recv(timeout)
-            if not data:
-                raise self._lost("the upstream closed the connection mid-answer")
-            self.buffer += data
-        return self._take(size)
+    def _length(self, data: bytes | memoryview) -> None:
+        if len(data) >= self.remaining:
+            if len(data) > self.remaining:
+                self.keep = False  # bytes past the declared length: never reused
+                data = data[: self.remaining]
+            self.remaining = 0
+            self._counted(data)
+            if self.sink is not None:
+                self._end()
+            return
+        self.remaining -= len(data)
+        self._counted(data)
 
-    async def _recv(self, timeout: float) -> bytes:
-        try:
-            async with asyncio.timeout(timeout):
-                data = await self.loop.sock_recv(self.sock, READ_BYTES)
-        except TimeoutError:
-            raise UpstreamFailed("the upstream did not answer in time", timeout=True) from None
-        except OSError:
-            raise self._lost("the upstream connection failed") from None
+    def _counted(self, data: bytes | memoryview) -> None:
+        self.left -= len(data)
+        if self.left < 0:
+            raise OverBound("the upstream answer exceeds its bound")
         if data:
-            self.received = True
-        return data
+            assert self.sink is not None
+            self.sink.on_body(data)
 
-    def usable(self) -> bool:
-        """An idle connection the upstream has not closed and sent nothing on."""
+    def _chunked(self, state: int) -> bool:
+        """Advance the chunked framing; False when more bytes are needed."""
+        if state == CHUNK_DATA:
+            if len(self.buffer) < self.remaining:
+                return False
+            payload = bytes(self.buffer[: self.remaining - 2])
+            if self.buffer[self.remaining - 2 : self.remaining] != b"\r\n":
+                raise UpstreamFailed("the upstream broke the chunked framing")
+            del self.buffer[: self.remaining]
+            self.state = CHUNK_SIZE
+            self._counted(payload)
+            return True
+        line = self._line()
+        if line is None:
+            return False
+        if state == TRAILER:
+            self.lines += 1
+            if line == b"\r\n":
+                self._end()
+            elif self.lines >= MAX_TRAILER_LINES:
+                raise UpstreamFailed("the upstream sent too many trailer lines")
+            return True
+        match = _CHUNK_SIZE.fullmatch(line)
+        if match is None:
+            raise UpstreamFailed("the upstream broke the chunked framing")
+        size = int(match[1], 16)
+        if size > self.left:
+            raise OverBound("the upstream answer exceeds its bound")
+        self.state, self.remaining = (CHUNK_DATA, size + 2) if size else (TRAILER, 0)
+        return True
+
+    def _line(self) -> bytes | None:
+        end = self.buffer.find(b"\r\n", 0, MAX_CHUNK_LINE)
+        if end < 0:
+            if len(self.buffer) >= MAX_CHUNK_LINE:
+                raise UpstreamFailed("the upstream sent an over-long head or line")
+            return None
+        line = bytes(self.buffer[: end + 2])
+        del self.buffer[: end + 2]
+        return line
+
+    def _end(self) -> None:
+        sink, self.sink, self.state = self.sink, None, IDLE
+        self._cancel_timer()
         if self.buffer:
-            return False
-        try:
-            self.sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
-            return True  # nothing readable: still open and quiet
-        except OSError:
-            return False
-        return False  # end of stream, or bytes nobody asked for
+            self.keep = False  # bytes past the answer: never reused
+        assert sink is not None
+        sink.on_end()
+
+    def _fail(self, failure: UpstreamFailed) -> None:
+        sink, self.sink = self.sink, None
+        self._close()
+        if sink is not None:
+            sink.on_fail(failure)
+
+    def _lost(self) -> None:
+        if self.state == CLOSED:
+            return
+        if self.sink is None:
+            self._close()
+            return
+        reason = "the upstream closed the connection mid-answer"
+        stale = self.reused and not self.received
+        self._fail(StaleConnection(reason) if stale else UpstreamFailed(reason))
+
+    def _check_timer(self) -> None:
+        self.timer = None
+        if self.sink is None:
+            return
+        due = self.last + self.timeout
+        if self.loop.time() < due:
+            self.timer = self.loop.call_at(due, self._check_timer)
+            return
+        self._fail(UpstreamFailed("the upstream did not answer in time", timeout=True))
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _close(self) -> None:
+        self.state = CLOSED
+        self._cancel_timer()
+        self.pool.forget(self)
+        if self.transport is not None:
+            self.transport.close()
 
     def reusable(self) -> bool:
-        return self.finished and self.keep and not self.buffer
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-    def _lost(self, reason: str) -> UpstreamFailed:
-        if self.reused and not self.received:
-            return StaleConnection(reason)
-        return UpstreamFailed(reason)
+        return self.state == IDLE and self.keep and not self.buffer
 
 
-def _parse_head(raw: bytes) -> ResponseHead:
+def parse_response_head(raw: bytes) -> ResponseHead:
+    """Parse a response head ending in CRLF CRLF (the terminator included)."""
     if len(raw) > MAX_HEAD_BYTES:
         raise UpstreamFailed("the upstream's response head is too large")
-    lines = raw[:-4].split(b"\r\n")
-    status = _STATUS_LINE.fullmatch(lines[0])
-    if status is None or len(lines) - 1 > MAX_HEADERS:
+    first = raw.find(b"\r\n")
+    status = _STATUS_LINE.fullmatch(raw, 0, first)
+    if status is None or raw.count(b"\n", first + 2) - 1 > MAX_HEADERS:
         raise UpstreamFailed("the upstream sent a malformed response head")
-    headers: list[tuple[bytes, bytes]] = []
-    for line in lines[1:]:
-        match = _HEADER_LINE.fullmatch(line)
-        if match is None:
-            raise UpstreamFailed("the upstream sent a malformed header line")
-        headers.append((match[1], match[2]))
+    if _HEADER_BLOCK.fullmatch(raw, first + 2, len(raw) - 2) is None:
+        raise UpstreamFailed("the upstream sent a malformed header line")
+    headers = []
+    for line in raw[first + 2 : -4].split(b"\r\n") if len(raw) - 4 > first + 2 else ():
+        name, _, value = line.partition(b":")
+        headers.append((name, value.strip(b" \t")))
     return _framed(int(status[1]), status[2], tuple(headers))
 
 
@@ -237,32 +360,41 @@ class UpstreamPool:
     def __init__(self, path: str, *, max_idle: int = 64) -> None:
         self.path = path
         self.max_idle = max_idle
-        self.idle: list[Upstream] = []
+        self.idle: list[UpstreamConnection] = []
 
-    async def acquire(self, *, fresh: bool = False) -> Upstream:
-        while self.idle and not fresh:
+    def take(self) -> UpstreamConnection | None:
+        """An idle connection the upstream has not closed, or None."""
+        while self.idle:
             conn = self.idle.pop()
-            if conn.usable():
-                conn.reused, conn.received, conn.finished = True, False, False
+            if conn.reusable():
+                conn.reused = True
                 return conn
-            conn.close()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
+            conn.abort()
+        return None
+
+    async def connect(self) -> UpstreamConnection:
+        """A fresh connection (``UpstreamFailed`` when the socket does not accept one)."""
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                await asyncio.get_running_loop().sock_connect(sock, self.path)
+                _, conn = await loop.create_unix_connection(
+                    lambda: UpstreamConnection(self), self.path
+                )
         except (OSError, TimeoutError):
-            sock.close()
             raise UpstreamFailed("the upstream socket does not accept connections") from None
-        return Upstream(sock, reused=False)
+        return conn
 
-    def release(self, conn: Upstream) -> None:
+    def release(self, conn: UpstreamConnection) -> None:
         """Keep ``conn`` for the next request when its exchange ended cleanly."""
         if conn.reusable() and len(self.idle) < self.max_idle:
             self.idle.append(conn)
         else:
-            conn.close()
+            conn.abort()
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        if conn in self.idle:
+            self.idle.remove(conn)
 
     def close(self) -> None:
         while self.idle:
-            self.idle.pop().close()
+            self.idle.pop().abort()
