@@ -8,6 +8,7 @@ id never reach a response.  Imports pydantic and ``jobs.models``.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -83,6 +84,66 @@ class JobCreate(BaseModel):
         return self
 
 
+class ChatMessageIn(BaseModel):
+    """Kiln's `ChatMessage`: a role and its text."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=1 << 20)
+
+
+class PromptIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str | None = Field(
+        default=None, min_length=1, max_length=256, description="Default: the prompt's index."
+    )
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=256)
+
+
+class GenerationJobCreate(BaseModel):
+    """An off-policy generation job: exactly one of `prompts` and `corpus`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["off_policy_generation"]
+    teacher: str = Field(
+        min_length=1,
+        max_length=MAX_ALIAS_CHARS,
+        json_schema_extra={"pattern": ALIAS_JSON_PATTERN},
+        description="A registered teacher alias (as registered; `/` allowed).",
+    )
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=32_768, description="Tokens per prompt.")]
+    top_k: Annotated[
+        StrictInt,
+        Field(ge=0, le=65_536, description="teacher_tokens top-K, 0..=max_top_k (0: text only)."),
+    ] = 0
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
+    prompts: list[PromptIn] | None = Field(default=None, min_length=1, max_length=10_000)
+    corpus: CorpusRef | None = Field(
+        default=None, description='A JSONL file of `{"id", "messages"}` lines.'
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> GenerationJobCreate:
+        if (self.prompts is None) == (self.corpus is None):
+            raise ValueError("give exactly one of prompts and corpus")
+        return self
+
+
+AnyJobCreate = Annotated[JobCreate | GenerationJobCreate, Field(discriminator="kind")]
+
+
+class GenerationInfo(WireModel):
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+
+
 class JobProgress(WireModel):
     total: int = Field(ge=0, description="Sequences in the job.")
     done: int = Field(ge=0, description="Sequences written to the result (scored + cache hits).")
@@ -122,11 +183,14 @@ class JobResultInfo(WireModel):
 
 class JobPublic(WireModel):
     id: str
-    kind: Literal["teacher_scoring"]
+    kind: Literal["teacher_scoring", "off_policy_generation"]
     status: JobStatus
     teacher: str
     identity_revision: Sha256Ref
-    top_k: int = Field(ge=1, le=65_536)
+    top_k: int = Field(ge=0, le=65_536, description="0 only for text-only generation jobs.")
+    generation: GenerationInfo | None = Field(
+        default=None, description="Sampling settings of an off_policy_generation job."
+    )
     source: JobSource
     device: str | None
     attempts: int = Field(ge=0)
@@ -156,9 +220,14 @@ def job_public(row: JobRow) -> JobPublic:
     result = None
     if row.status == "succeeded" and row.result_sha256 is not None:
         result = JobResultInfo(bytes=row.result_bytes or 0, sha256=row.result_sha256)
+    generation = None
+    if row.generation_json is not None:
+        settings = json.loads(row.generation_json)
+        generation = GenerationInfo(**{k: settings[k] for k in GenerationInfo.model_fields})
     return JobPublic(
         id=row.id,
-        kind="teacher_scoring",
+        kind="off_policy_generation" if row.kind == "off_policy_generation" else "teacher_scoring",
+        generation=generation,
         status=JobStatus(row.status),
         teacher=row.teacher_alias,
         identity_revision="sha256:" + row.identity_digest,

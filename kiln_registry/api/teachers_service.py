@@ -120,7 +120,7 @@ async def _probe(
             limiter=ctx.probe_limiter,
         )
     except KilnError as exc:
-        ctx.metrics.count_probe(exc.code, time.monotonic() - started)
+        ctx.metrics.count_probe(exc.code, time.monotonic() - started, exc.rule)
         better = _explain_tls(exc, resolved)
         if better is exc:
             raise
@@ -199,7 +199,7 @@ async def register_teacher(ctx: RegistryContext, req: RegisterTeacherRequest) ->
     try:
         entry = await _register(ctx, req)
     except KilnError as exc:
-        ctx.metrics.count_registration(exc.code)
+        ctx.metrics.count_registration(exc.code, exc.rule)
         raise
     ctx.metrics.count_registration("registered")
     return entry

@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -87,3 +88,22 @@ def submit_generation(
         session.flush()
         session.expunge(row)
         return row
+
+
+def generation_submission(body: Any) -> GenerationSubmission:
+    """The submission of a validated ``GenerationJobCreate`` body (the API's wire model)."""
+    prompts = None
+    if body.prompts is not None:
+        prompts = [
+            {**({"id": p.id} if p.id is not None else {}),
+             "messages": [{"role": m.role, "content": m.content} for m in p.messages]}
+            for p in body.prompts
+        ]  # fmt: skip
+    settings = GenerationSettings(
+        max_tokens=body.max_tokens, top_k=body.top_k, temperature=float(body.temperature),
+        top_p=float(body.top_p), seed=body.seed,
+    )  # fmt: skip
+    return GenerationSubmission(
+        teacher=body.teacher, settings=settings, prompts=prompts,
+        corpus_path=body.corpus.path if body.corpus is not None else None,
+    )  # fmt: skip

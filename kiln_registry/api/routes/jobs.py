@@ -22,8 +22,9 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api.context import JOB_PROBE_TIMEOUT_S, RegistryContext
 from kiln_registry.api.jobs_schemas import (
     JOB_ID_PATTERN,
+    AnyJobCreate,
     DeleteJobResponse,
-    JobCreate,
+    GenerationJobCreate,
     JobPublic,
     JobsListResponse,
     JobStatus,
@@ -34,6 +35,7 @@ from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
 from kiln_registry.api.strict_body import StrictJsonRoute
 from kiln_registry.jobs import retention, service
+from kiln_registry.jobs.generation_submit import generation_submission, submit_generation
 from kiln_registry.jobs.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
 
@@ -55,15 +57,20 @@ def _workers(request: Request) -> Any:
     status_code=201,
     responses=errors.SUBMIT_JOB,
 )
-async def submit_job(body: JobCreate, ctx: Ctx, request: Request) -> JobPublic:
-    """Pin the teacher's complete spec, validate every sequence, and queue the job."""
-    submission = service.JobSubmission(
-        teacher=body.teacher,
-        top_k=body.top_k,
-        sequences=body.sequences,
-        corpus_path=body.corpus.path if body.corpus is not None else None,
-    )
-    row = await run_in_threadpool(service.submit_job, ctx.config, ctx.sessions, submission)
+async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPublic:
+    """Pin the teacher's complete spec, validate every sequence or prompt, and queue the job."""
+    if isinstance(body, GenerationJobCreate):
+        row = await run_in_threadpool(
+            submit_generation, ctx.config, ctx.sessions, generation_submission(body)
+        )
+    else:
+        submission = service.JobSubmission(
+            teacher=body.teacher,
+            top_k=body.top_k,
+            sequences=body.sequences,
+            corpus_path=body.corpus.path if body.corpus is not None else None,
+        )
+        row = await run_in_threadpool(service.submit_job, ctx.config, ctx.sessions, submission)
     workers = _workers(request)
     if workers is not None:
         workers.wake()
@@ -183,6 +190,7 @@ async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext)
     app.state.job_workers = workers
     return workers
 
+        count_sequence=ctx.metrics.count_sequence,
 
 async def stop_workers(app: FastAPI, workers: JobWorkers) -> None:
     """Stop the workers before the outbound client closes; running jobs go back to queued."""
