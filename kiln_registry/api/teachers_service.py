@@ -34,7 +34,13 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.entries import entry_from_row, stored_identity
 from kiln_registry.api.live_status import NO_CHECKS, ReadChecks, assess
-from kiln_registry.api.paging import DEFAULT_PAGE, decode_cursor, encode_cursor
+from kiln_registry.api.paging import (
+    DEFAULT_PAGE,
+    decode_cursor,
+    decode_key,
+    encode_cursor,
+    encode_key,
+)
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
     ProbeOutcome,
@@ -397,10 +403,19 @@ async def reprobe_teacher(ctx: RegistryContext, alias: str) -> ProbeReportPublic
     return ProbeReportPublic.model_validate(public_report(ctx, report))
 
 
-def list_receipts(ctx: RegistryContext, alias: str, limit: int = 100) -> ReceiptsResponse:
-    """The alias's newest receipts (kept after the alias is deleted, for audit)."""
+def list_receipts(
+    ctx: RegistryContext, alias: str, limit: int = 100, cursor: str | None = None
+) -> ReceiptsResponse:
+    """The alias's newest receipts (kept after the alias is deleted, for audit), in pages."""
+    before = None
+    if cursor is not None:
+        created, last = decode_key(cursor, "receipts:" + alias, (str, int))
+        before = (str(created), int(last))
     with ctx.reading() as session:
-        rows = TeacherRepository(session).list_receipts(alias, limit=limit)
+        rows = TeacherRepository(session).list_receipts(alias, limit=limit + 1, before=before)
+        more = None
+        if len(rows) > limit:
+            more = encode_key("receipts:" + alias, rows[limit - 1].created_at, rows[limit - 1].id)
         receipts = [
             ProbeReceipt(
                 id=r.id,
@@ -410,6 +425,6 @@ def list_receipts(ctx: RegistryContext, alias: str, limit: int = 100) -> Receipt
                 identity_revision=f"sha256:{r.identity_digest}" if r.identity_digest else None,
                 report=ProbeReportPublic.model_validate(json.loads(r.report_json)),
             )
-            for r in rows
+            for r in rows[:limit]
         ]
-    return ReceiptsResponse(receipts=receipts)
+    return ReceiptsResponse(receipts=receipts, next_cursor=more)

@@ -127,7 +127,7 @@ class AuditRepository:
 
     def list_events(self, *, limit: int, before: int | None = None) -> list[AuditEventRow]:
         """Newest first; ``before`` (an event id) pages back."""
-        if not 1 <= limit <= MAX_AUDIT_LIMIT:
+        if not 1 <= limit <= MAX_AUDIT_LIMIT + 1:
             raise InputError(f"limit must be 1..{MAX_AUDIT_LIMIT}", rule="audit.limit")
         query = select(AuditEventRow).order_by(AuditEventRow.id.desc()).limit(limit)
         if before is not None:

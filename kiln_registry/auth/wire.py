@@ -6,6 +6,8 @@ names a token, never holds one.  Imports pydantic and ``api.schemas``.
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from kiln_registry.api.schemas import WireModel
 
 
@@ -23,6 +25,9 @@ class AuditEvent(WireModel):
 
 class AuditResponse(WireModel):
     events: list[AuditEvent]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; absent on the last."
+    )
 
 
 class ReleaseResponse(WireModel):

@@ -202,15 +202,25 @@ class TeacherRepository:
         self._session.flush()
         return receipt.id
 
-    def list_receipts(self, alias: str, limit: int = 100) -> list[ProbeReceiptRow]:
-        """The alias's newest ``limit`` receipts, newest first."""
-        _check_limit(limit, MAX_RECEIPT_LIMIT, "limit")
+    def list_receipts(
+        self, alias: str, limit: int = 100, before: tuple[str, int] | None = None
+    ) -> list[ProbeReceiptRow]:
+        """The alias's newest ``limit`` receipts, newest first.
+
+        ``before`` is the ``(created_at, id)`` of the last receipt of the previous page.
+        """
+        _check_limit(limit, MAX_RECEIPT_LIMIT + 1, "limit")
         query = (
             select(ProbeReceiptRow)
             .where(ProbeReceiptRow.alias == alias)
             .order_by(ProbeReceiptRow.created_at.desc(), ProbeReceiptRow.id.desc())
             .limit(limit)
         )
+        if before is not None:
+            created, last = before
+            older = ProbeReceiptRow.created_at < created
+            same = (ProbeReceiptRow.created_at == created) & (ProbeReceiptRow.id < last)
+            query = query.where(older | same)
         return list(self._session.scalars(query))
 
 

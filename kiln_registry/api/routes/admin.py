@@ -1,8 +1,9 @@
 """Admin routes: ``GET /v1/audit`` and ``POST /v1/admin/aliases/{alias}/release``.
 
 Both need the ``admin`` scope (``auth.scopes``).  The audit log lists state
-changes newest first (``limit`` 1..1000, ``before`` an event id to page
-back); its rows hold token names, never tokens.  Releasing a reserved alias
+changes newest first, one page at a time (``limit`` 1..1000, ``cursor`` the
+previous page's ``next_cursor``; ``before`` an event id also pages back); its
+rows hold token names, never tokens.  Releasing a reserved alias
 (one that was deleted) lets it be registered again; an alias that is not
 reserved is ``404 alias_not_reserved``.
 """
@@ -15,6 +16,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.paging import MAX_CURSOR_CHARS, decode_key, encode_key
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import error_responses
 from kiln_registry.auth.repository import AuditRepository, ReservedAliases
@@ -30,9 +32,15 @@ class AliasNotReserved(KilnError):
     code = "alias_not_reserved"
 
 
-def _events(ctx: RegistryContext, limit: int, before: int | None) -> AuditResponse:
+def _events(
+    ctx: RegistryContext, limit: int, before: int | None, cursor: str | None
+) -> AuditResponse:
+    if cursor is not None:
+        after = int(decode_key(cursor, "audit", (int,))[0])
+        before = after if before is None else min(before, after)
     with ctx.reading() as session:
-        rows = AuditRepository(session).list_events(limit=limit, before=before)
+        rows = AuditRepository(session).list_events(limit=limit + 1, before=before)
+        more = encode_key("audit", rows[limit - 1].id) if len(rows) > limit else None
         events = [
             AuditEvent(
                 id=r.id,
@@ -43,9 +51,9 @@ def _events(ctx: RegistryContext, limit: int, before: int | None) -> AuditRespon
                 outcome=r.outcome,
                 status=r.status,
             )
-            for r in rows
+            for r in rows[:limit]
         ]
-    return AuditResponse(events=events)
+    return AuditResponse(events=events, next_cursor=more)
 
 
 def _release(ctx: RegistryContext, alias: str) -> ReleaseResponse:
@@ -67,9 +75,10 @@ async def list_audit(
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> AuditResponse:
-    """State changes, newest first (admin scope)."""
-    return await run_in_threadpool(_events, ctx, limit, before)
+    """State changes, newest first, one page at a time (`next_cursor`; admin scope)."""
+    return await run_in_threadpool(_events, ctx, limit, before, cursor)
 
 
 @router.post(

@@ -114,10 +114,13 @@ async def launch_teacher(alias: Alias, ctx: Ctx) -> TeacherEntry:
     responses=errors.RECEIPTS,
 )
 async def list_receipts(
-    alias: Alias, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    alias: Alias,
+    ctx: Ctx,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> ReceiptsResponse:
-    """Stored probe reports of the alias, newest first (kept after a delete)."""
-    return await run_in_threadpool(service.list_receipts, ctx, alias, limit)
+    """Stored probe reports of the alias, newest first (kept after a delete), in pages."""
+    return await run_in_threadpool(service.list_receipts, ctx, alias, limit, cursor)
 
 
 @router.get(
