@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from kiln_registry.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
+from kiln_registry.api.all_errors import validate_all
 from kiln_registry.api.wire import Count as Count
 from kiln_registry.api.wire import Sha256Hex as Sha256Hex
 from kiln_registry.api.wire import Sha256Ref as Sha256Ref
@@ -127,18 +128,12 @@ class RegisterTeacherRequest(BaseModel):
         " instead of the loaded student.",
     )
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _refuse_server_controlled(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            sent = [name for name in SERVER_CONTROLLED_FIELDS if name in data]
-            if sent:
-                raise ValueError(
-                    f"field(s) {', '.join(sent)} cannot be supplied at registration: identity,"
-                    " bounds and secret variable names are server-controlled (use credential_id"
-                    " for an authenticated teacher)"
-                )
-        return data
+    def _every_problem(cls, data: Any, handler: Any) -> Any:
+        """Field errors and the kind rules, all in one refusal (``api.all_errors``)."""
+        problems = _registration_problems(data) if isinstance(data, dict) else []
+        return validate_all(cls.__name__, data, handler, problems, SERVER_CONTROLLED_FIELDS)
 
     @field_validator("alias", mode="before")
     @classmethod
@@ -160,40 +155,53 @@ class RegisterTeacherRequest(BaseModel):
     def _notes(cls, value: str | None) -> str | None:
         return _bounded_text(value, "notes", MAX_NOTES_CHARS)
 
-    @model_validator(mode="after")
-    def _kind_rules(self) -> RegisterTeacherRequest:
-        if self.kind is TeacherKind.remote:
-            self._remote_rules()
-        else:
-            # Kiln (api/teachers.rs): provider, url and credential_id are remote-only; a
-            # local teacher's model_id is ignored (the loaded student is the model).
-            for name in ("provider", "url", "credential_id"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        "`provider`, `url`, and `credential_id` are only valid on kind=remote"
-                        f" teachers ({name} was given for kind '{self.kind.value}')"
-                    )
-            if self.kind is TeacherKind.fixture and self.model_id is None:
-                raise ValueError("model_id is required for kind 'fixture'")
-            if self.kind is TeacherKind.fixture and self.adapter is not None:
-                raise ValueError("`adapter` is only valid on kind=local teachers")
-        if self.kind is not TeacherKind.local and self.launch_profile is not None:
-            raise ValueError("launch_profile is only valid on kind=local teachers")
-        return self
 
-    def _remote_rules(self) -> None:
-        if self.provider is None:
-            raise ValueError("provider is required for kind 'remote' (use 'vllm')")
-        if self.provider is not RemoteProvider.vllm:
-            raise ValueError(
-                f"provider {self.provider.value!r} is not supported for registration:"
-                " only 'vllm' teachers can prove a Kiln identity"
-            )
-        for name in ("model_id", "url"):
-            if getattr(self, name) is None:
-                raise ValueError(f"{name} is required for kind 'remote'")
-        if self.adapter is not None:
-            raise ValueError("adapter must be null for kind 'remote' (the identity binds it)")
+def _registration_problems(data: dict[str, Any]) -> list[str]:
+    """Every cross-field rule a registration body breaks (from the raw body)."""
+    problems: list[str] = []
+    sent = [name for name in SERVER_CONTROLLED_FIELDS if name in data]
+    if sent:
+        problems.append(
+            f"field(s) {', '.join(sent)} cannot be supplied at registration: identity,"
+            " bounds and secret variable names are server-controlled (use credential_id"
+            " for an authenticated teacher)"
+        )
+    kind = data.get("kind")
+    given = {name for name, value in data.items() if value is not None}
+    if kind == "remote":
+        problems += _remote_problems(data.get("provider"), given)
+    elif kind in ("local", "fixture"):
+        # Kiln (api/teachers.rs): provider, url and credential_id are remote-only; a
+        # local teacher's model_id is ignored (the loaded student is the model).
+        problems += [
+            "`provider`, `url`, and `credential_id` are only valid on kind=remote"
+            f" teachers ({name} was given for kind '{kind}')"
+            for name in ("provider", "url", "credential_id")
+            if name in given
+        ]
+        if kind == "fixture" and "model_id" not in given:
+            problems.append("model_id is required for kind 'fixture'")
+        if kind == "fixture" and "adapter" in given:
+            problems.append("`adapter` is only valid on kind=local teachers")
+    if kind in ("remote", "fixture") and "launch_profile" in given:
+        problems.append("launch_profile is only valid on kind=local teachers")
+    return problems
+
+
+def _remote_problems(provider: object, given: set[str]) -> list[str]:
+    problems: list[str] = []
+    if provider is None:
+        problems.append("provider is required for kind 'remote' (use 'vllm')")
+    elif provider in RemoteProvider.__members__ and provider != RemoteProvider.vllm:
+        problems.append(
+            f"provider {provider!r} is not supported for registration:"
+            " only 'vllm' teachers can prove a Kiln identity"
+        )
+    problems += [f"{name} is required for kind 'remote'" for name in ("model_id", "url")
+                 if name not in given]  # fmt: skip
+    if "adapter" in given:
+        problems.append("adapter must be null for kind 'remote' (the identity binds it)")
+    return problems
 
 
 class AdapterIdentityPublic(WireModel):

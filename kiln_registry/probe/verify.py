@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kiln_registry.errors import FingerprintError, IdentityMismatch
+from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.probe.fastscan import first_duplicate
@@ -375,7 +376,8 @@ def verify_completion(
     if pinned is not None and seen.fingerprint() != pinned.fingerprint():
         fail(
             "fingerprint_pinned",
-            f"system_fingerprint identity {seen.revision()} is not the pinned {pinned.revision()}",
+            f"system_fingerprint identity {seen.revision()} is not the pinned {pinned.revision()}"
+            f"; {mismatch_detail(pinned, seen)}",
         )
     if student is not None:
         check_student(identity, student)
