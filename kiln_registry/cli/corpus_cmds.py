@@ -17,8 +17,10 @@ creates it on its first start), or fetched from a running registry
 (``--server``).  ``--json`` prints the ``GET /v1/keys`` document, which is
 what ``--public-key`` reads.
 
-Failures are ``KilnError``s (``kiln`` prints one line and exits 2).
-Imports: standard library, ``cli.jobs_cmds`` (the registry client), and
+Failures are ``KilnError``s (``kiln`` prints one line and exits 2); with
+``corpus verify --json`` a failure is printed as ``{"ok": false, "error":
+{code, rule, message, hint}}`` on stdout instead (still exit status 2).
+Imports: standard library, ``kiln_registry.client``, ``cli.jobs_cmds``, and
 lazily ``config`` and ``jobs``; never FastAPI.
 """
 
@@ -31,10 +33,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln_registry.cli.jobs_cmds import SERVER_ENV, JobsClient, _common, _seconds
+from kiln_registry.cli.jobs_cmds import SERVER_ENV, _common, _seconds
 from kiln_registry.cli.server_options import add_access_options, client_access
-from kiln_registry.client import DEFAULT_SERVER
-from kiln_registry.errors import InputError
+from kiln_registry.client import DEFAULT_SERVER, RegistryClient
+from kiln_registry.errors import InputError, KilnError
 
 if TYPE_CHECKING:
     from kiln_registry.jobs.corpus_verify import CorpusSummary
@@ -43,12 +45,12 @@ if TYPE_CHECKING:
 SubParsers = Any  # argparse's _SubParsersAction is private
 
 
-def _client(args: argparse.Namespace) -> JobsClient:
+def _client(args: argparse.Namespace) -> RegistryClient:
     server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return JobsClient(server, timeout=args.timeout, **client_access(args))
+    return RegistryClient(server, timeout=args.timeout, **client_access(args))
 
 
-def _still_registered(client: JobsClient, summary: CorpusSummary, file: Path) -> None:
+def _still_registered(client: RegistryClient, summary: CorpusSummary, file: Path) -> None:
     assert summary.teacher is not None
     entry = client.get_teacher(summary.teacher)
     if not entry.usable or entry.off_policy_manifest != summary.manifest:
@@ -89,6 +91,18 @@ def _report(args: argparse.Namespace, summary: CorpusSummary, registered: bool |
 
 
 def _corpus_verify(args: argparse.Namespace) -> int:
+    if not args.json:
+        return _verify(args)
+    try:
+        return _verify(args)
+    except KilnError as exc:  # --json: the refusal is a JSON document too (exit status 2)
+        error = {"code": exc.code, "rule": exc.rule, "message": str(exc), "hint": exc.hint or ""}
+        doc = {"ok": False, "file": str(args.file), "error": error}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 2
+
+
+def _verify(args: argparse.Namespace) -> int:
     from kiln_registry.jobs.signing import read_keys_file
 
     if args.public_key is None:
