@@ -14,9 +14,10 @@
 * ``RepeatFilter`` rate-limits repeated log lines: at most ``burst`` records
   with the same logger, level and message template per ``window_s``; the
   first record after a quiet window says how many were dropped.  Keys are
-  bounded (the oldest is forgotten first).
+  bounded (the oldest is forgotten first).  Access records (one per request,
+  ``observability.access``) are exempt.
 
-Imports the standard library, h11 and uvicorn's HTTP/1.1 protocols only.
+Imports the standard library, h11, uvicorn's HTTP/1.1 protocols and observability.access.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from kiln_registry.observability.access import ACCESS_LOGGER
 
 HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5
@@ -210,6 +213,8 @@ class RepeatFilter(logging.Filter):
         self._seen: OrderedDict[tuple[str, int, str], list[float]] = OrderedDict()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == ACCESS_LOGGER:
+            return True  # one line per request by design (observability.access), never a flood
         key = (record.name, record.levelno, str(record.msg)[:200])
         now = time.monotonic()
         entry = self._seen.get(key)

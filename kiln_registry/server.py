@@ -20,11 +20,9 @@ at import time.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -40,57 +38,18 @@ from kiln_registry.auth.serving import (
     warn_without_auth,
 )
 from kiln_registry.config import KilnConfig, check_startup_environment, load_config
-from kiln_registry.credentials.redaction import install_redaction
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.errors import ConfigError
 from kiln_registry.legacy_registry import import_configured_legacy_registry
 from kiln_registry.local.manager import Prepare
 from kiln_registry.local.service import LocalRegistryContext, new_manager, reconcile_at_startup
 from kiln_registry.model.tokenizer import student_shape
+from kiln_registry.observability.logs import LOG_LEVELS, configure_logging
 from kiln_registry.probe.verify import StudentView
 
 log = logging.getLogger("kiln_registry.server")
 
-LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 MAX_OVERRIDE_ERRORS = 10
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line (``[server] log_format = "json"``)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, object] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_text:
-            doc["exception"] = record.exc_text
-        elif record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
-
-
-def configure_logging(log_format: str, secret_env_names: frozenset[str], level: str) -> None:
-    """One stderr handler on the root logger, uvicorn's loggers propagating, redaction on."""
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    from kiln_registry.serve_guard import RepeatFilter  # imports uvicorn: not at import time
-
-    handler.addFilter(RepeatFilter())  # a flood of one line (e.g. accept errors) is capped
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(LOG_LEVELS[level])
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = []
-        logger.setLevel(logging.NOTSET)
-        logger.propagate = True
-    install_redaction(secret_env_names)
 
 
 def _database_path(path: Path) -> Path:
@@ -211,6 +170,7 @@ def run_server(
                 log_config=None,
                 log_level=LOG_LEVELS[server.log_level],
                 server_header=False,
+                access_log=False,  # observability.access writes the access log (with fields)
                 timeout_graceful_shutdown=10,
                 **uvicorn_limits(),  # header deadline, keep-alive, header size, concurrency
                 **tls_options,

@@ -32,6 +32,7 @@ from kiln_registry.api.openapi import install_openapi
 from kiln_registry.api.routes import admin, jobs, keys, system, teachers
 from kiln_registry.api.teachers_service import cached_teacher_json
 from kiln_registry.api.ui import routes as ui_pages
+from kiln_registry.observability.access import AccessLayer
 from kiln_registry.probe.wire import teacher_tls_context
 
 API_TITLE = "kiln-registry"
@@ -99,6 +100,8 @@ def create_app(
         install_host_guard(
             app, bound=server.host, allowed=server.allowed_hosts, cors=server.cors_origins
         )
+        # Outside everything: request id, per-route metrics, access log (issue 18).
+        app.add_middleware(AccessLayer, metrics=ctx.metrics)
     app.include_router(teachers.router)
     # Before system's router: its /docs (a plain operation list) is superseded by Swagger UI.
     app.include_router(ui_pages.router)

@@ -9,12 +9,11 @@ The outbound HTTP client is created in the app's lifespan (never at import
 time) and attached here.  Nothing in this module touches the network.
 
 Imports: SQLAlchemy, httpx (the type only), ``kiln_registry.config``,
-``kiln_registry.db`` and ``kiln_registry.probe``; never FastAPI.
+``kiln_registry.db``, ``kiln_registry.probe`` and ``observability.metrics``; never FastAPI.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from kiln_registry.api.entry_cache import EntryCache
 from kiln_registry.config import KilnConfig
 from kiln_registry.db.engine import BEGIN_OPTION, session_factory
 from kiln_registry.db.repository import unit_of_work
+from kiln_registry.observability.metrics import RegistryMetrics
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
@@ -34,27 +34,6 @@ JOB_PROBE_TIMEOUT_S = 60.0
 REGISTRATION_PROBES = 4
 REGISTRATION_PROBES_PER_CALLER = 2
 JOB_PROBES = 2
-
-
-@dataclass
-class Metrics:
-    """Counters exported at ``/metrics`` in Prometheus text format."""
-
-    registrations: dict[str, int] = field(default_factory=dict)
-    probes: dict[str, int] = field(default_factory=dict)
-    probe_seconds_sum: float = 0.0
-    probe_seconds_count: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def count_registration(self, outcome: str) -> None:
-        with self._lock:
-            self.registrations[outcome] = self.registrations.get(outcome, 0) + 1
-
-    def count_probe(self, outcome: str, seconds: float) -> None:
-        with self._lock:
-            self.probes[outcome] = self.probes.get(outcome, 0) + 1
-            self.probe_seconds_sum += seconds
-            self.probe_seconds_count += 1
 
 
 def reader_factory(engine: Engine) -> sessionmaker[Session]:
@@ -76,7 +55,8 @@ class RegistryContext:
     )
     # Jobs have their own capacity, so registrations can never starve them (or the reverse).
     job_probe_limiter: ProbeLimiter = field(default_factory=lambda: ProbeLimiter(JOB_PROBES))
-    metrics: Metrics = field(default_factory=Metrics)
+    # Its own CollectorRegistry: every app in one process counts alone (issue 18).
+    metrics: RegistryMetrics = field(default_factory=RegistryMetrics)
     http: httpx.AsyncClient | None = None
     entries: EntryCache | None = None
 

@@ -121,14 +121,19 @@ class ScoringPipeline:
             if self.failed:
                 raise _Abandoned
             self.claimed.check_cancel()
+            started = time.perf_counter()
             try:
-                return await score_sequence(
+                scored = await score_sequence(
                     self.target, tokens, on_request=self._count_request, on_retry=self._count_retry
                 )
             except BaseException:
                 # Set before the gate is released: no queued sequence starts another request.
                 self.failed = True
                 raise
+            count = self.claimed.env.count_sequence
+            if count is not None:
+                count(False, time.perf_counter() - started)
+            return scored
 
     def _count_request(self) -> None:
         self.claimed.progress.requests += 1
@@ -168,6 +173,8 @@ class ScoringPipeline:
         else:
             scored = item
             progress.cache_hits += 1
+            if self.claimed.env.count_sequence is not None:
+                self.claimed.env.count_sequence(True, None)
         queue.popleft()
         assert self.writer is not None
         self.writer.write(row.seq_id, tokens, scored, row.token_sha256)

@@ -194,7 +194,7 @@ class JobRun:
                 await asyncio.sleep(PROBE_BUSY_WAIT_S)
                 continue
             except KilnError as exc:
-                self._count_probe(exc.code, started)
+                self._count_probe(exc.code, started, exc.rule)
                 failed = attached_report(exc)
                 if failed is not None:
                     await asyncio.to_thread(self._receipt, failed)
@@ -203,9 +203,9 @@ class JobRun:
             await asyncio.to_thread(self._receipt, report)
             return report
 
-    def _count_probe(self, outcome: str, started: float) -> None:
+    def _count_probe(self, outcome: str, started: float, rule: str | None = None) -> None:
         if self.claimed.env.count_probe is not None:
-            self.claimed.env.count_probe(outcome, time.monotonic() - started)
+            self.claimed.env.count_probe(outcome, time.monotonic() - started, rule)
 
     def _receipt(self, report: ProbeReport) -> None:
         """Job probes leave receipts on the alias like re-probes do (no secrets in them)."""

@@ -48,7 +48,10 @@ class JobEnvironment:
     teacher_tls: ssl.SSLContext
     student: StudentView | None
     probe_limiter: ProbeLimiter
-    count_probe: Callable[[str, float], None] | None = None
+    # Metrics hooks (observability.metrics): a probe's (outcome, seconds, rule), and one
+    # sequence written to a corpus (from the cache?, seconds its teacher requests took).
+    count_probe: Callable[[str, float, str | None], None] | None = None
+    count_sequence: Callable[[bool, float | None], None] | None = None
     probe_timeout_s: float = JOB_PROBE_TIMEOUT_S
     # The corpus-signing key; ``JobWorkers.start`` loads (or first creates) it.
     signer: CorpusSigner | None = None

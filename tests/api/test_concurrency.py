@@ -102,5 +102,5 @@ def test_fifty_passed_probes_race_to_the_primary_key(
     counts = _outcomes(responses)
     assert counts == {(200, "ok"): 1, (409, "teacher_alias_exists"): CONCURRENT - 1}, counts
     # All fifty probes passed: the INSERT, not a lookup, turned 49 of them away.
-    assert registry.ctx.metrics.probes == {"passed": CONCURRENT}
+    assert registry.ctx.metrics.probe_counts() == {"passed": CONCURRENT}
     _only_one_row(registry)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,9 +24,9 @@ from kiln_registry.db.engine import head_revision
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.conftest import KEY_ENV, SECRET
 from tests.api.support import REPO, RegistryServer, error_of, remote, run_registry, write_config
+from tests.observability.support import metric_samples
 
 COMMITTED = REPO / "openapi" / "kiln-registry.openapi.json"
-SAMPLE = re.compile(r'^[a-z_]+(\{[a-z_]+="[A-Za-z0-9_]+"\})? [0-9]+(\.[0-9]+)?$')
 OPERATIONS = ["listTeachers", "registerTeacher", "getTeacher", "deleteTeacher", "probeTeacher",
               "listTeacherReceipts", "health", "ready", "metrics"]  # fmt: skip
 
@@ -50,16 +49,16 @@ def test_metrics_are_prometheus_text(registry: RegistryServer, teacher_url: str)
         assert http.post("/v1/teachers", json=bad).status_code == 502
         response = http.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-    lines = response.text.splitlines()
-    for line in lines:
-        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or SAMPLE.match(line), line
-    assert 'kiln_registrations_total{outcome="registered"} 1' in lines
-    assert 'kiln_registrations_total{outcome="teacher_alias_exists"} 1' in lines
-    assert 'kiln_registrations_total{outcome="teacher_identity_probe_failed"} 1' in lines
-    assert 'kiln_probes_total{outcome="passed"} 1' in lines
-    assert 'kiln_probes_total{outcome="teacher_identity_probe_failed"} 1' in lines
-    assert "kiln_probe_duration_seconds_count 2" in lines
-    assert 'kiln_teachers{status="verified"} 1' in lines
+    samples = metric_samples(response.text)  # prometheus_client's parser: the text is valid
+    assert samples[("kiln_registrations_total", (("outcome", "registered"), ("rule", "none")))] == 1
+    conflict = ("kiln_registrations_total", (("outcome", "teacher_alias_exists"), ("rule", "none")))
+    assert samples[conflict] == 1
+    failed = [v for (name, labels), v in samples.items() if name == "kiln_registrations_total"
+              and ("outcome", "teacher_identity_probe_failed") in labels]  # fmt: skip
+    assert failed == [1]
+    assert samples[("kiln_probes_total", (("outcome", "passed"), ("rule", "none")))] == 1
+    assert samples[("kiln_probe_duration_seconds_count", ())] == 2
+    assert samples[("kiln_teachers", (("status", "verified"),))] == 1
 
 
 def test_openapi_file_is_current() -> None:

@@ -37,6 +37,7 @@ from tests.api.support import (
     serve_tls,
     write_config,
 )
+from tests.observability.support import metric_samples
 from tests.probe.teacher_server import Reply
 from tests.reliability import faulty_teachers as ft
 
@@ -220,8 +221,9 @@ def test_fault_tally(registry: RegistryServer) -> None:
         metrics = http.get("/metrics").text.splitlines()
         aliases = [t["spec"]["alias"] for t in http.get("/v1/teachers").json()["teachers"]]
     assert set(aliases) <= {"drifts"}, aliases
-    refused = [line for line in metrics if line.startswith("kiln_registrations_total{")
-               and "teacher_identity_probe_failed" in line]  # fmt: skip
+    refused = sum(value for (name, labels), value in metric_samples("\n".join(metrics)).items()
+                  if name == "kiln_registrations_total"
+                  and ("outcome", "teacher_identity_probe_failed") in labels)  # fmt: skip
     registration_faults = len([r for r in FAULTS_INJECTED if r != "probe.fingerprint_pinned"])
-    assert refused and float(refused[0].split()[-1]) >= registration_faults, metrics
+    assert refused >= registration_faults, metrics
     print(f"faults injected and refused: {len(FAULTS_INJECTED)} {json.dumps(FAULTS_INJECTED)}")

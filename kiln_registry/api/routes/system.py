@@ -6,7 +6,7 @@ import html
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
@@ -14,6 +14,8 @@ from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import OPEN, SYSTEM
 from kiln_registry.api.schemas import HealthResponse, LegacyRegistryReport, ReadyResponse
 from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
+from kiln_registry.jobs.stats import registry_counts
+from kiln_registry.observability.metrics import CONTENT_TYPE, StateSnapshot
 
 router = APIRouter(tags=["system"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
@@ -54,43 +56,21 @@ def _legacy_report(ctx: RegistryContext) -> LegacyRegistryReport | None:
         )
 
 
-def _metric_lines(name: str, kind: str, help_text: str, samples: dict[str, int], label: str) -> str:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    for key, value in sorted(samples.items()):
-        lines.append(f'{name}{{{label}="{key}"}} {value}')
-    return "\n".join(lines) + "\n"
+def _metrics_state(ctx: RegistryContext) -> StateSnapshot:
+    with ctx.reading() as session:
+        teachers, jobs, leases = registry_counts(session)
+    return StateSnapshot(teachers=teachers, jobs=jobs, worker_leases=leases)
 
 
-def render_metrics(ctx: RegistryContext, status_counts: dict[str, int]) -> str:
-    m = ctx.metrics
-    text = _metric_lines(
-        "kiln_registrations_total",
-        "counter",
-        "Teacher registrations by outcome.",
-        dict(m.registrations),
-        "outcome",
-    )
-    text += _metric_lines(
-        "kiln_probes_total", "counter", "Identity probes by outcome.", dict(m.probes), "outcome"
-    )
-    text += (
-        "# HELP kiln_probe_duration_seconds Time spent in identity probes.\n"
-        "# TYPE kiln_probe_duration_seconds summary\n"
-        f"kiln_probe_duration_seconds_sum {m.probe_seconds_sum:.6f}\n"
-        f"kiln_probe_duration_seconds_count {m.probe_seconds_count}\n"
-    )
-    text += _metric_lines(
-        "kiln_teachers", "gauge", "Registered teachers by status.", status_counts, "status"
-    )
-    return text
+def _render_metrics(ctx: RegistryContext) -> bytes:
+    return ctx.metrics.render(_metrics_state(ctx))
 
 
 @router.get("/metrics", operation_id="metrics", response_class=PlainTextResponse, responses=SYSTEM)
-async def metrics(ctx: Ctx) -> PlainTextResponse:
-    counts = await run_in_threadpool(_status_counts, ctx)
-    return PlainTextResponse(
-        render_metrics(ctx, counts), media_type="text/plain; version=0.0.4; charset=utf-8"
-    )
+async def metrics(ctx: Ctx) -> Response:
+    # Prometheus text (observability.metrics); `read` scope unless [server] metrics_public.
+    body = await run_in_threadpool(_render_metrics, ctx)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 def render_docs(schema: dict[str, Any]) -> str:

@@ -1,0 +1,127 @@
+"""The access layer: request id, metrics and the access log of every HTTP request.
+
+``AccessLayer`` is a pure ASGI layer, the outermost of the application (so it
+also sees requests refused by the host guard or auth, and lookups answered by
+the cached fast path, ``api.fast_lookup``).  Per request it
+
+* picks the request id (``observability.request_id``), stores it in
+  ``scope["state"]["request_id"]`` and in the ``current_request_id`` context
+  variable, and adds ``X-Request-ID`` to the response head;
+* records ``kiln_http_requests_total`` and the latency histogram under the
+  route's path template (``route_template``), never the raw path;
+* writes one access record to the ``kiln_registry.access`` logger (only when
+  INFO is enabled): its fields travel as the record's mapping argument, so
+  the secret-redaction filter scrubs them and the JSON formatter writes them
+  as fields (``observability.logs``).  The query string is never logged;
+  the token's *name* is, never the token.
+
+It does a dict lookup and a few attribute reads per request; the access
+record is built only when it will be written.  Imports the standard library,
+Starlette's routing (``Match``) and ``observability``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+from starlette.routing import Match
+
+from kiln_registry.observability.metrics import RegistryMetrics, method_label
+from kiln_registry.observability.request_id import HEADER, RequestIds, current_request_id
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+ACCESS_LOGGER: Final = "kiln_registry.access"
+UNMATCHED: Final = "unmatched"
+MAX_PATH_CHARS: Final = 256
+# The cached fast path answers GET /v1/teachers/<alias> without routing (api.fast_lookup).
+LOOKUP_PREFIX: Final = "/v1/teachers/"
+LOOKUP_TEMPLATE: Final = "/v1/teachers/{alias}"
+
+access_log = logging.getLogger(ACCESS_LOGGER)
+
+
+def route_template(scope: Scope) -> str:
+    """The path template of the route that served (or would serve) the request."""
+    route = scope.get("route")
+    if route is None:
+        path: str = scope["path"]
+        if path.startswith(LOOKUP_PREFIX) and "/" not in path[len(LOOKUP_PREFIX) :]:
+            return LOOKUP_TEMPLATE  # a cached lookup (or one refused before routing)
+        route = _match(scope)
+        if route is None:
+            return UNMATCHED
+    template = getattr(route, "path_format", None)
+    return template if isinstance(template, str) else UNMATCHED
+
+
+def _match(scope: Scope) -> object | None:
+    """The app's route for a request that never reached the router (bounded by the routes)."""
+    app = scope.get("app")
+    router = getattr(app, "router", None)
+    for route in getattr(router, "routes", ()):
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            found: object = route
+            return found
+    return None
+
+
+class AccessLayer:
+    """Request id, per-route metrics and the structured access log (see the module)."""
+
+    def __init__(self, app: ASGIApp, *, metrics: RegistryMetrics) -> None:
+        self._app = app
+        self._metrics = metrics
+        self._ids = RequestIds()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = self._ids.for_headers(scope["headers"])
+        scope.setdefault("state", {})["request_id"] = request_id
+        id_header = (HEADER, request_id.encode("ascii"))
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), id_header]
+            await send(message)
+
+        reset = current_request_id.set(request_id)
+        try:
+            await self._app(scope, receive, send_with_id)
+        finally:
+            current_request_id.reset(reset)
+            seconds = time.perf_counter() - started
+            route = route_template(scope)
+            self._metrics.observe_request(method_label(scope["method"]), route, status, seconds)
+            if access_log.isEnabledFor(logging.INFO):
+                _log_access(scope, route, status, seconds, request_id)
+
+
+def _log_access(scope: Scope, route: str, status: int, seconds: float, request_id: str) -> None:
+    client = scope.get("client")
+    identity = scope.get("state", {}).get("kiln_token")
+    fields: dict[str, object] = {
+        "request_id": request_id,
+        "method": method_label(scope["method"]),
+        "route": route,
+        "path": scope["path"][:MAX_PATH_CHARS],
+        "status": status,
+        "duration_ms": round(seconds * 1000.0, 3),
+        "client": client[0] if client else None,
+        "token": getattr(identity, "name", None),
+    }
+    access_log.info("request", fields)
