@@ -13,7 +13,8 @@ import pytest
 
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher
-from tests.jobs.conftest import reference_teacher as reference_teacher  # a shared fixture
+from tests.jobs.conftest import reference_teacher as reference_teacher  # shared fixtures
+from tests.jobs.conftest import student_vocab_sha256 as student_vocab_sha256
 from tests.jobs.harness import Registry, make_config, running_registry
 
 ALIAS = "ref@tiny"
