@@ -29,8 +29,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from dataclasses import dataclass
-from typing import TypeGuard
+from typing import NamedTuple, TypeGuard
 
 import orjson
 
@@ -59,8 +58,7 @@ _CONTAINERS = (dict, list)
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
+class Admitted(NamedTuple):
     """A completion request that may be forwarded, and its response bound."""
 
     stream: bool

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from http import HTTPStatus
 
 from kiln_registry.gateway.refusals import Refusal
@@ -51,28 +50,32 @@ HOP_BY_HOP = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
 class RequestHead:
-    """One parsed request head; header names are lower-case."""
+    """One parsed request head; header names are lower-case, ``index`` maps each to its values."""
 
-    method: bytes
-    target: bytes
-    headers: tuple[tuple[bytes, bytes], ...]
+    __slots__ = ("headers", "index", "method", "target", "wants_close")
+
+    def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.method = method
+        self.target = target
+        self.headers = tuple(headers)
+        self.index: dict[bytes, list[bytes]] = {}
+        for name, value in headers:
+            self.index.setdefault(name, []).append(value)
+        tokens = b",".join(self.values(b"connection")).lower().split(b",")
+        self.wants_close = b"close" in (token.strip() for token in tokens)
 
     def values(self, name: bytes) -> list[bytes]:
-        return [value for key, value in self.headers if key == name]
+        return self.index.get(name, [])
 
     def single(self, name: bytes) -> bytes | None:
         """The one value of ``name``, None when absent; a repeated header is refused."""
-        found = self.values(name)
+        found = self.index.get(name)
+        if found is None:
+            return None
         if len(found) > 1:
             raise Refusal(400, f"the {name.decode()} header appears more than once")
-        return found[0] if found else None
-
-    @property
-    def wants_close(self) -> bool:
-        tokens = b",".join(self.values(b"connection")).lower().split(b",")
-        return b"close" in (token.strip() for token in tokens)
+        return found[0]
 
 
 def parse_head(raw: bytes) -> RequestHead:
@@ -85,19 +88,13 @@ def parse_head(raw: bytes) -> RequestHead:
         raise Refusal(400, "malformed request line (only HTTP/1.1 is served)")
     if raw.count(b"\n", first + 2) - 1 > MAX_HEADERS:
         raise Refusal(431, f"the request has more than {MAX_HEADERS} header lines")
-    return RequestHead(request[1], request[2], tuple(split_headers(raw, first + 2, lower=True)))
-
-
-def split_headers(raw: bytes, start: int, *, lower: bool) -> list[tuple[bytes, bytes]]:
-    """The header lines of ``raw[start:-2]`` (see ``HEADER_BLOCK``) as (name, value) pairs,
-    values without their surrounding white space; ``Refusal`` 400 when a line breaks a rule."""
-    if HEADER_BLOCK.fullmatch(raw, start, len(raw) - 2) is None:
+    if HEADER_BLOCK.fullmatch(raw, first + 2, len(raw) - 2) is None:
         raise Refusal(400, "malformed header line (no folding, no control characters)")
     headers = []
-    for line in raw[start:-4].split(b"\r\n") if len(raw) - 4 > start else ():
+    for line in raw[first + 2 : -4].split(b"\r\n") if len(raw) - 4 > first + 2 else ():
         name, _, value = line.partition(b":")
-        headers.append((name.lower() if lower else name, value.strip(b" \t")))
-    return headers
+        headers.append((name.lower(), value.strip(b" \t")))
+    return RequestHead(request[1], request[2], headers)
 
 
 def body_length(head: RequestHead) -> int:

@@ -54,6 +54,7 @@ from kiln_registry.gateway.upstream import UpstreamPool
 
 DRAIN_POLL_SECONDS = 0.02
 WRITE_HIGH_WATER = 256 * 1024
+SEND_BUFFER = 512 * 1024
 _END_OF_HEAD = b"\r\n\r\n"
 
 
@@ -110,6 +111,7 @@ class ClientConnection(asyncio.Protocol):
         self.eof = False
         self.reading_paused = False
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline: float | None = None
 
     @property
     def busy(self) -> bool:
@@ -127,8 +129,9 @@ class ClientConnection(asyncio.Protocol):
         gateway.clients.add(self)
         sock = client.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # SNDBUF: a whole answer in one send
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         client.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self._arm()
 
@@ -150,7 +153,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self._disarm()
+        self._drop_timer()
         self.gateway.clients.discard(self)
         if self.forward is not None:
             forward, self.forward = self.forward, None
@@ -273,13 +276,13 @@ class ClientConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closing = True
-        self._disarm()
+        self._drop_timer()
         if self.transport is not None:
             self.transport.close()
 
     def abort(self) -> None:
         self.closing = True
-        self._disarm()
+        self._drop_timer()
         if self.transport is not None:
             self.transport.abort()
 
@@ -292,17 +295,26 @@ class ClientConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _arm(self) -> None:
-        self._disarm()
-        self.timer = self.loop.call_later(self.config.idle_timeout, self._idle)
+        """Start the wait for a head or a body (one timer, re-armed lazily when it fires)."""
+        self.deadline = self.loop.time() + self.config.idle_timeout
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.deadline, self._idle)
 
     def _disarm(self) -> None:
+        self.deadline = None
+
+    def _drop_timer(self) -> None:
+        self.deadline = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
     def _idle(self) -> None:
         self.timer = None
-        if self.closing or self.forward is not None:
+        if self.deadline is None or self.closing or self.forward is not None:
+            return
+        if self.loop.time() < self.deadline:
+            self.timer = self.loop.call_at(self.deadline, self._idle)
             return
         if self.head is None:
             self.close()  # no head in time: closed without an answer

@@ -28,8 +28,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 128
@@ -62,8 +61,7 @@ class OverBound(UpstreamFailed):
     """The answer's body passed the bound its sink set."""
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
+class ResponseHead(NamedTuple):
     """A final response head: header names keep the upstream's spelling."""
 
     status: int
@@ -143,7 +141,8 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None and self.state == IDLE
         self.sink, self.state, self.received, self.lines = sink, HEAD, False, 0
         self.timeout, self.last = timeout, self.loop.time()
-        self.timer = self.loop.call_at(self.last + timeout, self._check_timer)
+        if self.timer is None:  # one timer, re-armed lazily when it fires
+            self.timer = self.loop.call_at(self.last + timeout, self._check_timer)
         self.transport.writelines(request)
 
     def abort(self) -> None:
@@ -275,7 +274,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _end(self) -> None:
         sink, self.sink, self.state = self.sink, None, IDLE
-        self._cancel_timer()
         if self.buffer:
             self.keep = False  # bytes past the answer: never reused
         assert sink is not None
@@ -341,16 +339,23 @@ def parse_response_head(raw: bytes) -> ResponseHead:
 
 
 def _framed(status: int, reason: bytes, headers: tuple[tuple[bytes, bytes], ...]) -> ResponseHead:
-    lengths = [v for n, v in headers if n.lower() == b"content-length"]
-    codings = [v.strip().lower() for n, v in headers if n.lower() == b"transfer-encoding"]
-    connection = b",".join(v for n, v in headers if n.lower() == b"connection").lower()
+    lengths, codings, connection = [], [], []
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"content-length":
+            lengths.append(value)
+        elif lower == b"transfer-encoding":
+            codings.append(value.strip().lower())
+        elif lower == b"connection":
+            connection.append(value)
     if len(lengths) > 1 or (lengths and codings) or codings not in ([], [b"chunked"]):
         raise UpstreamFailed("the upstream's answer has ambiguous framing")
     if lengths and _DIGITS.fullmatch(lengths[0]) is None:
         raise UpstreamFailed("the upstream sent a malformed Content-Length")
     bodiless = status < 200 or status in (204, 304)
     length = 0 if bodiless else (int(lengths[0]) if lengths else None)
-    close = b"close" in (token.strip() for token in connection.split(b","))
+    tokens = b",".join(connection).lower().split(b",") if connection else ()
+    close = b"close" in (token.strip() for token in tokens)
     return ResponseHead(status, reason, headers, length, bool(codings) and not bodiless, close)
 
 
