@@ -56,7 +56,13 @@ from kiln_registry.client_base import (
     alias_path,
     check_base_url,
 )
-from kiln_registry.client_jobs import DownloadedCorpus, ProgressCallback, ResultSink, Waiter
+from kiln_registry.client_jobs import (
+    DownloadedCorpus,
+    ProgressCallback,
+    ResultSink,
+    Waiter,
+    check_verifiable,
+)
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -281,6 +287,8 @@ class RegistryClient:
         place; a corpus that fails is never left at ``output``.
         """
         path = ops.result_path(job_id)
+        if verify:
+            check_verifiable(self.get_job(job_id))
         if verify and keys is None:
             keys = self.signing_keys()
         sink = ResultSink(Path(output), max_bytes)

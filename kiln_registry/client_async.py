@@ -40,7 +40,13 @@ from kiln_registry.client_base import (
     MAX_RESULT_BYTES,
     ClientSettings,
 )
-from kiln_registry.client_jobs import DownloadedCorpus, ProgressCallback, ResultSink, Waiter
+from kiln_registry.client_jobs import (
+    DownloadedCorpus,
+    ProgressCallback,
+    ResultSink,
+    Waiter,
+    check_verifiable,
+)
 
 T = TypeVar("T")
 
@@ -234,6 +240,8 @@ class AsyncRegistryClient:
     ) -> DownloadedCorpus:
         """As ``RegistryClient.download_result``; file work runs in a worker thread."""
         path = ops.result_path(job_id)
+        if verify:
+            check_verifiable(await self.get_job(job_id))
         if verify and keys is None:
             keys = await self.signing_keys()
         sink = await asyncio.to_thread(ResultSink, Path(output), max_bytes)

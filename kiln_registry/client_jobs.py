@@ -95,6 +95,17 @@ class Waiter:
         return False
 
 
+def check_verifiable(job: JobPublic) -> None:
+    """Only a ``teacher_scoring`` corpus carries the trailer ``verify_corpus`` checks."""
+    if job.kind != "teacher_scoring":
+        raise InputError(
+            f"job {job.id} is a {job.kind} job: this client verifies teacher_scoring corpora"
+            " (signature trailer and every line) only",
+            rule="client.verify_kind",
+            hint="download it with verify=False and check its detached signature",
+        )
+
+
 class ResultSink:
     """A corpus streaming into ``output`` (see the module docstring)."""
 
