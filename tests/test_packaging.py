@@ -55,3 +55,11 @@ def test_the_wheel_ships_every_migration_script(wheel: zipfile.ZipFile) -> None:
 
 def test_the_wheel_ships_the_type_marker(wheel: zipfile.ZipFile) -> None:
     assert "kiln_registry/py.typed" in wheel.namelist()
+
+
+def test_the_wheel_ships_the_browser_pages(wheel: zipfile.ZipFile) -> None:
+    from kiln_registry.api.ui.assets import ASSETS, STATIC
+
+    own = {name for name, (where, _) in ASSETS.items() if where == "own"}
+    assert own == {path.name for path in STATIC.iterdir() if path.is_file()}
+    assert {f"kiln_registry/api/ui/static/{name}" for name in own} <= set(wheel.namelist())
