@@ -127,7 +127,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def _score_all(teacher: ReferenceTeacher, request: CompletionRequest) -> bytes:
     top_k = request.top_k(teacher.limits.vocab_width)
-    scored = [teacher.score(p, top_k, request.max_tokens) for p in request.prompts]
+    scored = [
+        teacher.score(p, top_k, request.max_tokens, request.sampling) for p in request.prompts
+    ]
     body = completion_body(
         request, scored, decode=teacher.decode_token, system_fingerprint=teacher.system_fingerprint
     )

@@ -23,6 +23,7 @@ import torch
 from kiln_registry.errors import InputError, KilnError
 from kiln_registry.reference_teacher.protocol import Limits
 from kiln_registry.reference_teacher.responses import PositionScores, ScoredPrompt
+from kiln_registry.reference_teacher.sampling import GREEDY, Sampling, next_token
 
 RANK_CHUNK_ROWS = 256
 MAX_DECODE_CACHE = 1 << 20
@@ -207,8 +208,14 @@ class ReferenceTeacher:
             logits = self._model(torch.tensor([list(prompt)], dtype=torch.long)).logits
             return torch.log_softmax(logits[0].float(), dim=-1)
 
-    def score(self, prompt: Sequence[int], top_k: int | None, max_tokens: int) -> ScoredPrompt:
-        """Prompt logprob rows (or None) and a greedy continuation of ``max_tokens``."""
+    def score(
+        self,
+        prompt: Sequence[int],
+        top_k: int | None,
+        max_tokens: int,
+        sampling: Sampling = GREEDY,
+    ) -> ScoredPrompt:
+        """Prompt logprob rows (or None) and a continuation of ``max_tokens`` (``sampling``)."""
         ids = torch.tensor([list(prompt)], dtype=torch.long)
         with self._lock, torch.no_grad():
             out = self._model(ids)
@@ -218,7 +225,7 @@ class ReferenceTeacher:
             rows = None
             if top_k is not None:
                 rows = prompt_rows(logprobs[:-1], ids[0, 1:], top_k)
-            generated, finish = self._greedy(out, max_tokens)
+            generated, gen_rows, finish = self._decode(out, max_tokens, sampling)
         kept = [t for t in generated if t != self._eos]
         text = self._tokenizer.decode(kept, skip_special_tokens=True) if kept else ""
         return ScoredPrompt(
@@ -227,20 +234,40 @@ class ReferenceTeacher:
             text=text.rstrip(_REPLACEMENT),
             completion_tokens=len(generated),
             finish_reason=finish,
+            token_ids=tuple(generated),
+            prompt_ids=tuple(prompt),
+            gen_rows=gen_rows,
         )
 
-    def _greedy(self, out: Any, max_tokens: int) -> tuple[list[int], str]:
-        """Greedy tokens from the prompt's last position, stopping at EOS."""
+    def _step_row(self, logits: torch.Tensor, token: int, k: int) -> PositionScores:
+        """The generated token's raw logprob, its true rank and the top ``k`` entries."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1).unsqueeze(0)
+        if torch.isnan(logprobs).any():
+            raise KilnError("the model produced NaN logprobs", code="reference_model_nan")
+        return prompt_rows(logprobs, torch.tensor([token]), k)[0]
+
+    def _decode(
+        self, out: Any, max_tokens: int, sampling: Sampling
+    ) -> tuple[list[int], tuple[PositionScores, ...] | None, str]:
+        """Tokens from the prompt's last position (greedy or sampled), stopping at EOS."""
         tokens: list[int] = []
+        rows: list[PositionScores] = []
+        generator = sampling.generator()
         logits, past = out.logits[0, -1], out.past_key_values
         for step in range(max_tokens):
-            token = int(torch.argmax(logits))
+            token = next_token(logits, sampling, generator)
             tokens.append(token)
+            if sampling.logprobs is not None:
+                rows.append(self._step_row(logits, token, sampling.logprobs))
             if token == self._eos:
-                return tokens, "stop"
+                return tokens, self._rows(rows, sampling), "stop"
             if step + 1 < max_tokens:
                 nxt = self._model(
                     torch.tensor([[token]], dtype=torch.long), past_key_values=past, use_cache=True
                 )
                 logits, past = nxt.logits[0, -1], nxt.past_key_values
-        return tokens, "length"
+        return tokens, self._rows(rows, sampling), "length"
+
+    @staticmethod
+    def _rows(rows: list[PositionScores], sampling: Sampling) -> tuple[PositionScores, ...] | None:
+        return tuple(rows) if sampling.logprobs is not None else None

@@ -9,12 +9,14 @@ Accepted request fields (anything else is refused with a 400):
 
 * used: ``model`` (required), ``prompt`` (required: a list of token ids or a
   list of such lists), ``max_tokens`` (default 16), ``prompt_logprobs``,
-  ``n`` (default 1), ``temperature``, ``stream`` (only false; true is refused),
-  ``logprobs`` (only null), ``echo`` (only false), ``add_special_tokens``
-  (accepted and ignored: token-id prompts are never re-tokenized);
+  ``n`` (default 1), ``temperature`` (absent or 0: greedy), ``top_p``,
+  ``seed``, ``logprobs`` (top entries per generated token, 0..=max_top_k),
+  ``return_token_ids`` and ``return_tokens_as_token_ids`` (vLLM's switches;
+  see ``reference_teacher.sampling``), ``stream`` (only false; true is
+  refused), ``echo`` (only false), ``add_special_tokens`` (accepted and
+  ignored: token-id prompts are never re-tokenized);
 * standard OpenAI completion fields vLLM accepts, allowed only with their
-  neutral value because generation here is always greedy: ``seed`` and
-  ``user`` (any value), ``top_p`` (1), ``presence_penalty`` and
+  neutral value: ``user`` (any value), ``presence_penalty`` and
   ``frequency_penalty`` (0), ``best_of`` (equal to ``n``), ``stop`` (empty),
   ``logit_bias`` (empty), ``suffix`` and ``stream_options`` (null).
 
@@ -31,21 +33,22 @@ from typing import Any
 
 from kiln_registry.errors import IdentityError, InputError
 from kiln_registry.identity.canonical import strict_json_loads
+from kiln_registry.reference_teacher.sampling import GREEDY, Sampling
 
 MAX_PROMPTS = 64
 MAX_CHOICES = 64
-MAX_GENERATED_TOKENS = 64
+MAX_GENERATED_TOKENS = 4096
 DEFAULT_MAX_TOKENS = 16
 BASE_BODY_BYTES = 1024 * 1024
 BYTES_PER_TOKEN = 12
 
 USED_FIELDS: frozenset[str] = frozenset(
     {"model", "prompt", "max_tokens", "prompt_logprobs", "n", "temperature", "stream",
-     "logprobs", "echo", "add_special_tokens"}
+     "logprobs", "echo", "add_special_tokens", "top_p", "seed", "return_token_ids",
+     "return_tokens_as_token_ids"}
 )  # fmt: skip
-FREE_FIELDS: frozenset[str] = frozenset({"seed", "user"})
+FREE_FIELDS: frozenset[str] = frozenset({"user"})
 _NEUTRAL: dict[str, Callable[[Any], bool]] = {
-    "top_p": lambda v: v is None or (_is_number(v) and v == 1),
     "presence_penalty": lambda v: v is None or (_is_number(v) and v == 0),
     "frequency_penalty": lambda v: v is None or (_is_number(v) and v == 0),
     "stop": lambda v: v is None or v == [],
@@ -116,6 +119,7 @@ class CompletionRequest:
     max_tokens: int
     prompt_logprobs: int | None
     n: int
+    sampling: Sampling = GREEDY
 
     def top_k(self, vocab_width: int) -> int | None:
         """Top entries per row: None (no rows), 0..K, or the full width for -1."""
@@ -147,7 +151,8 @@ def _check_fields(body: Mapping[str, Any]) -> None:
     for name, neutral in _NEUTRAL.items():
         if name in body and not neutral(body[name]):
             raise ProtocolError(
-                f"{name} must be left at its neutral value: generation here is greedy",
+                f"{name} must be left at its neutral value: the reference teacher does not"
+                " implement it",
                 param=name,
             )
 
@@ -179,7 +184,8 @@ def _int_field(body: Mapping[str, Any], name: str, default: int, low: int, high:
 
 def _check_switches(body: Mapping[str, Any], prompt_logprobs: object) -> None:
     stream = body.get("stream")
-    for name in ("stream", "echo", "add_special_tokens"):
+    for name in ("stream", "echo", "add_special_tokens", "return_token_ids",
+                 "return_tokens_as_token_ids"):  # fmt: skip
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise _bad(name, f"{name} must be a boolean.", body[name])
     if stream and _is_int(prompt_logprobs) and (prompt_logprobs > 0 or prompt_logprobs == -1):  # type: ignore[operator]
@@ -196,9 +202,26 @@ def _check_switches(body: Mapping[str, Any], prompt_logprobs: object) -> None:
         raise _bad("stream", "streaming is not supported by the reference teacher.", stream)
     if body.get("echo"):
         raise _bad("echo", "echo is not supported by the reference teacher.", True)
-    if body.get("logprobs") is not None:
-        raise _bad("logprobs", "only prompt_logprobs are served; logprobs must be null.",
-                   body["logprobs"])  # fmt: skip
+
+
+def _sampling(body: Mapping[str, Any]) -> Sampling:
+    temperature = body.get("temperature")
+    if temperature is not None and not (_is_number(temperature) and temperature >= 0):
+        raise _bad("temperature", "temperature must be a non-negative number.", temperature)
+    top_p = body.get("top_p")
+    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+        raise _bad("top_p", "top_p must be in (0, 1].", top_p)
+    seed = body.get("seed")
+    if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
+        raise _bad("seed", "seed must be a non-negative 64-bit integer.", seed)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not (_is_int(logprobs) and logprobs >= 0):
+        raise _bad("logprobs", "logprobs must be a non-negative integer or null.", logprobs)
+    return Sampling(
+        temperature=float(temperature or 0.0), top_p=float(1.0 if top_p is None else top_p),
+        seed=seed, logprobs=logprobs, return_token_ids=bool(body.get("return_token_ids")),
+        tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
+    )  # fmt: skip
 
 
 def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
@@ -209,9 +232,7 @@ def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
         raise _bad("prompt_logprobs", "prompt_logprobs must be an integer or null.",
                    prompt_logprobs)  # fmt: skip
     _check_switches(body, prompt_logprobs)
-    temperature = body.get("temperature")
-    if temperature is not None and not (_is_number(temperature) and temperature >= 0):
-        raise _bad("temperature", "temperature must be a non-negative number.", temperature)
+    sampling = _sampling(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ProtocolError("model must be a non-empty string", param="model")
@@ -228,6 +249,7 @@ def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
         max_tokens=max_tokens,
         prompt_logprobs=prompt_logprobs,
         n=n,
+        sampling=sampling,
     )
 
 
@@ -249,6 +271,14 @@ def check_against_teacher(request: CompletionRequest, limits: Limits) -> None:
             f"Requested prompt logprobs of {wanted}, which is greater than max allowed: "
             f"{limits.max_top_k}",
             wanted,
+        )
+    asked = request.sampling.logprobs
+    if asked is not None and asked > limits.max_top_k:
+        raise _bad(
+            "logprobs",
+            f"Requested sample logprobs of {asked}, which is greater than max allowed: "
+            f"{limits.max_top_k}",
+            asked,
         )
     bound = max(limits.max_token_id, limits.vocab_width - 1)
     for prompt in request.prompts:

@@ -44,6 +44,9 @@ class ScoredPrompt:
     text: str
     completion_tokens: int
     finish_reason: str
+    token_ids: tuple[int, ...] = ()
+    prompt_ids: tuple[int, ...] = ()
+    gen_rows: tuple[PositionScores, ...] | None = None
 
 
 def wire_logprob(value: float) -> float:
@@ -72,19 +75,49 @@ def format_row(scores: PositionScores, decode: Callable[[int], str]) -> dict[str
     return row
 
 
-def _choice(index: int, scored: ScoredPrompt, decode: Callable[[int], str]) -> dict[str, object]:
+def _token_name(token_id: int, decode: Callable[[int], str], as_ids: bool) -> str:
+    return f"token_id:{token_id}" if as_ids else decode(token_id)
+
+
+def completion_logprobs(
+    rows: tuple[PositionScores, ...], decode: Callable[[int], str], as_ids: bool
+) -> dict[str, object]:
+    """vLLM's completion ``logprobs``: the sampled token first in each top dict, then the top."""
+    offsets, tops, at = [], [], 0
+    for row in rows:
+        offsets.append(at)
+        at += len(decode(row.token_id))
+        top = {_token_name(row.token_id, decode, as_ids): wire_logprob(row.logprob)}
+        for token_id, logprob in row.top:
+            top[_token_name(token_id, decode, as_ids)] = wire_logprob(logprob)
+        tops.append(top)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [wire_logprob(r.logprob) for r in rows],
+        "tokens": [_token_name(r.token_id, decode, as_ids) for r in rows],
+        "top_logprobs": tops,
+    }
+
+
+def _choice(
+    index: int, scored: ScoredPrompt, decode: Callable[[int], str], request: CompletionRequest
+) -> dict[str, object]:
     rows: list[object] | None = None
     if scored.rows is not None:
         rows = [None, *(format_row(r, decode) for r in scored.rows)]
+    logprobs = None
+    if scored.gen_rows is not None:
+        logprobs = completion_logprobs(scored.gen_rows, decode, request.sampling.tokens_as_ids)
+    ids = request.sampling.return_token_ids
     return {
         "index": index,
         "text": scored.text,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": scored.finish_reason,
         "stop_reason": None,
-        "token_ids": None,
+        "token_ids": list(scored.token_ids) if ids else None,
         "prompt_logprobs": rows,
-        "prompt_token_ids": None,
+        "prompt_token_ids": list(scored.prompt_ids) if ids else None,
         "routed_experts": None,
     }
 
@@ -98,7 +131,7 @@ def completion_body(
 ) -> dict[str, object]:
     """The response body, key for key like vLLM's."""
     choices = [
-        _choice(p * request.n + copy, s, decode)
+        _choice(p * request.n + copy, s, decode, request)
         for p, s in enumerate(scored)
         for copy in range(request.n)
     ]
