@@ -13,7 +13,9 @@ request) sends ``--requests`` requests per round, alternating arms:
 * ``gateway``: to the gateway's TCP port, which forwards to that socket.
 
 Reported: requests per second per round, the per-round ratio
-gateway/direct, and their median.  Target (issue 20): median >= 0.95.
+gateway/direct, and their median; the gateway process's CPU time per request
+(user and system, from ``/proc``, Linux only) in each gateway arm; the load
+average before and after.  Target (issue 20): median >= 0.95.
 Run: ``.venv/bin/python bench/bench_gateway.py [--rounds N] [--concurrency C]``.
 """
 
@@ -24,13 +26,16 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY_FILE = ROOT / "tests" / "data" / "vllm_responses" / "fp32_pl32_64tok.json"
@@ -118,6 +123,25 @@ async def one_round(target: str, requests: int, concurrency: int) -> float:
     return per_worker * concurrency / (time.perf_counter() - start)
 
 
+def process_cpu(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` so far ((0, 0) where /proc is missing)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def measure(target: str, args: argparse.Namespace, gateway_pid: int) -> tuple[float, list[float]]:
+    """One arm: requests per second, and the gateway's CPU ms per request (user, system)."""
+    before = process_cpu(gateway_pid)
+    rate = asyncio.run(one_round(target, args.requests, args.concurrency))
+    after = process_cpu(gateway_pid)
+    done = args.requests // args.concurrency * args.concurrency
+    return rate, [round((a - b) / done * 1000, 4) for a, b in zip(after, before, strict=True)]
+
+
 def wait_for(check: object, what: str) -> None:
     deadline = time.monotonic() + 60
     while not check():  # type: ignore[operator]
@@ -150,7 +174,33 @@ def start_processes(tmp: Path, latency_ms: float) -> tuple[list[subprocess.Popen
     stderr = gateway.stderr
     assert stderr is not None
     wait_for(lambda: stderr.readline().startswith(b"kiln-gateway:"), "the gateway")
+    # Anything the gateway says later (it logs no requests) is shown, never left to fill a pipe.
+    threading.Thread(
+        target=shutil.copyfileobj, args=(stderr, sys.stderr.buffer), daemon=True
+    ).start()
     return [gateway, upstream], sock, f"127.0.0.1:{port}"
+
+
+def run_rounds(
+    args: argparse.Namespace, sock: str, gateway: str, gateway_pid: int
+) -> list[dict[str, Any]]:
+    """Warm both paths, then ``--rounds`` paired rounds, the arms' order alternating."""
+    for target in (sock, gateway):
+        asyncio.run(one_round(target, args.concurrency * 4, args.concurrency))
+    rounds: list[dict[str, Any]] = []
+    for index in range(args.rounds):
+        order = [("direct", sock), ("gateway", gateway)]
+        rates: dict[str, float] = {}
+        for name, target in order if index % 2 == 0 else order[::-1]:
+            rates[name], cpu = measure(target, args, gateway_pid)
+            if name == "gateway":
+                gateway_cpu = cpu
+        result: dict[str, Any] = {k: round(v, 3) for k, v in rates.items()}
+        result["ratio"] = round(rates["gateway"] / rates["direct"], 3)
+        result["gateway_cpu_ms"] = gateway_cpu
+        rounds.append(result)
+        print(json.dumps(result), file=sys.stderr)
+    return rounds
 
 
 def main() -> None:
@@ -160,21 +210,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kgwb-") as raw:
         processes, sock, gateway = start_processes(Path(raw), args.latency_ms)
         try:
-            for target in (sock, gateway):  # warm both paths
-                asyncio.run(one_round(target, args.concurrency * 4, args.concurrency))
-            rounds = []
-            for index in range(args.rounds):
-                order = [("direct", sock), ("gateway", gateway)]
-                rates = {
-                    name: asyncio.run(one_round(target, args.requests, args.concurrency))
-                    for name, target in (order if index % 2 == 0 else order[::-1])
-                }
-                rates["ratio"] = rates["gateway"] / rates["direct"]
-                rounds.append({k: round(v, 3) for k, v in rates.items()})
-                print(json.dumps(rounds[-1]), file=sys.stderr)
+            rounds = run_rounds(args, sock, gateway, processes[0].pid)
         finally:
             for process in processes:
                 process.send_signal(signal.SIGTERM)
@@ -193,6 +233,11 @@ def main() -> None:
         "rounds": rounds,
         "ratio_median": round(statistics.median(ratios), 3),
         "ratio_min": min(ratios),
+        "gateway_cpu_ms_per_request_median": {
+            "user": statistics.median(r["gateway_cpu_ms"][0] for r in rounds),
+            "system": statistics.median(r["gateway_cpu_ms"][1] for r in rounds),
+        },
+        "load_average_before": load_before,
         "load_average": os.getloadavg(),
         "target": {"ratio_median": ">= 0.95"},
     }
