@@ -56,7 +56,10 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["teacher_scoring"]
+    kind: Literal["teacher_scoring"] = Field(
+        description="The job kind: `teacher_scoring` (the teacher's top-K logprobs for every "
+        "position)."
+    )
     teacher: str = Field(
         min_length=1,
         max_length=MAX_ALIAS_CHARS,
@@ -72,8 +75,15 @@ class JobCreate(BaseModel):
             Field(min_length=1, max_length=MAX_INLINE_SEQUENCES),
         ]
         | None
-    ) = None
-    corpus: CorpusRef | None = None
+    ) = Field(
+        default=None,
+        description="Inline token-id sequences, 1..=10000 of them and 1,000,000 ids in all"
+        " (exactly one of `sequences` and `corpus`).",
+    )
+    corpus: CorpusRef | None = Field(
+        default=None,
+        description="A corpus file on the server (exactly one of `sequences` and `corpus`).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> JobCreate:
@@ -89,8 +99,10 @@ class ChatMessageIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=1 << 20)
+    role: Literal["system", "user", "assistant"] = Field(
+        description="Who speaks: `system`, `user` or `assistant` (Kiln's `ChatMessage`)."
+    )
+    content: str = Field(max_length=1 << 20, description="The message text (at most 1 MiB).")
 
 
 class PromptIn(BaseModel):
@@ -99,7 +111,12 @@ class PromptIn(BaseModel):
     id: str | None = Field(
         default=None, min_length=1, max_length=256, description="Default: the prompt's index."
     )
-    messages: list[ChatMessageIn] = Field(min_length=1, max_length=256)
+    messages: list[ChatMessageIn] = Field(
+        min_length=1,
+        max_length=256,
+        description="The conversation to continue, 1..=256 messages, rendered with the student's "
+        "chat template.",
+    )
 
 
 class GenerationJobCreate(BaseModel):
@@ -107,7 +124,9 @@ class GenerationJobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["off_policy_generation"]
+    kind: Literal["off_policy_generation"] = Field(
+        description="The job kind: `off_policy_generation`."
+    )
     teacher: str = Field(
         min_length=1,
         max_length=MAX_ALIAS_CHARS,
@@ -120,9 +139,18 @@ class GenerationJobCreate(BaseModel):
         Field(ge=0, le=65_536, description="teacher_tokens top-K, 0..=max_top_k (0: text only)."),
     ] = 0
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
-    prompts: list[PromptIn] | None = Field(default=None, min_length=1, max_length=10_000)
+    top_p: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass, in (0, 1]; 1 disables it."
+    )
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = Field(
+        default=None, description="Sampling seed (0..=2^63-1); omit for none."
+    )
+    prompts: list[PromptIn] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=10_000,
+        description="Inline prompts, 1..=10000 (exactly one of `prompts` and `corpus`).",
+    )
     corpus: CorpusRef | None = Field(
         default=None, description='A JSONL file of `{"id", "messages"}` lines.'
     )
@@ -138,79 +166,111 @@ AnyJobCreate = Annotated[JobCreate | GenerationJobCreate, Field(discriminator="k
 
 
 class GenerationInfo(WireModel):
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
+    max_tokens: int = Field(description="Tokens generated per prompt at most.")
+    temperature: float = Field(description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(description="Nucleus sampling mass.")
+    seed: int | None = Field(description="Sampling seed, or null for none.")
 
 
 class JobProgress(WireModel):
     total: int = Field(ge=0, description="Sequences in the job.")
     done: int = Field(ge=0, description="Sequences written to the result (scored + cache hits).")
-    scored: int = Field(ge=0)
-    cache_hits: int = Field(ge=0)
+    scored: int = Field(ge=0, description="Sequences scored by the teacher in this job.")
+    cache_hits: int = Field(
+        ge=0,
+        description="Sequences answered from the score cache (same identity, K and token ids).",
+    )
     requests: int = Field(ge=0, description="Scoring requests sent, retries included.")
-    retries: int = Field(ge=0)
+    retries: int = Field(
+        ge=0, description="Scoring requests sent again after a connection failure or HTTP 503."
+    )
 
 
 class JobTimestamps(WireModel):
-    created_at: str
+    created_at: str = Field(description="When the job was submitted (UTC, RFC 3339).")
     claimed_at: str | None = Field(description="A worker claimed this attempt.")
     spec_checked_at: str | None = Field(description="Phase a: the registry still equals the pin.")
     probed_at: str | None = Field(description="Phase b: both probes matched the pinned identity.")
     leased_at: str | None = Field(description="Phase c: device leased, cache opened.")
     scoring_started_at: str | None = Field(description="Phase d: scoring began.")
-    finished_at: str | None
-    updated_at: str
+    finished_at: str | None = Field(
+        description="When the job reached a terminal status, else null."
+    )
+    updated_at: str = Field(description="The last change to the job.")
 
 
 class JobError(WireModel):
-    code: str
-    rule: str | None
-    message: str
+    code: str = Field(description="Stable snake_case error code (as in the error envelope).")
+    rule: str | None = Field(description="The dotted rule that failed, where one did.")
+    message: str = Field(description="What went wrong, in one line.")
 
 
 class JobSource(WireModel):
-    kind: JobSourceKind
-    path: str | None
-    sha256: Sha256Hex | None
+    kind: JobSourceKind = Field(
+        description="`inline` (sequences or prompts in the request) or `corpus` (a file under "
+        "`[jobs] corpus_root`)."
+    )
+    path: str | None = Field(
+        description="The corpus path relative to `[jobs] corpus_root`; null for inline input."
+    )
+    sha256: Sha256Hex | None = Field(
+        description="SHA-256 of the corpus file as read at submission; null for inline input."
+    )
 
 
 class JobResultInfo(WireModel):
-    bytes: int = Field(ge=0)
-    sha256: Sha256Hex
+    bytes: int = Field(ge=0, description="Size of the result corpus in bytes.")
+    sha256: Sha256Hex = Field(
+        description="SHA-256 of the whole result corpus (also sent as `x-kiln-result-sha256`)."
+    )
 
 
 class JobPublic(WireModel):
-    id: str
-    kind: Literal["teacher_scoring", "off_policy_generation"]
-    status: JobStatus
-    teacher: str
-    identity_revision: Sha256Ref
+    id: str = Field(description="The job id, `job-` + 24 lowercase hex digits.")
+    kind: Literal["teacher_scoring", "off_policy_generation"] = Field(
+        description="The job kind: `teacher_scoring` or `off_policy_generation`."
+    )
+    status: JobStatus = Field(
+        description="queued -> probing -> running -> succeeded | failed | cancelled."
+    )
+    teacher: str = Field(description="The teacher alias the job pinned at submission.")
+    identity_revision: Sha256Ref = Field(
+        description="The pinned teacher identity (`sha256:` + identity digest)."
+    )
     top_k: int = Field(ge=0, le=65_536, description="0 only for text-only generation jobs.")
     generation: GenerationInfo | None = Field(
         default=None, description="Sampling settings of an off_policy_generation job."
     )
-    source: JobSource
-    device: str | None
-    attempts: int = Field(ge=0)
-    cancel_requested: bool
-    progress: JobProgress
-    timestamps: JobTimestamps
-    error: JobError | None
-    result: JobResultInfo | None
+    source: JobSource = Field(description="Where the input came from.")
+    device: str | None = Field(
+        description="The device lease the job holds or held (`[jobs] devices`), else null."
+    )
+    attempts: int = Field(
+        ge=0, description="How many times a worker claimed the job (a restart re-queues it)."
+    )
+    cancel_requested: bool = Field(
+        description="Cancellation was asked for; a running job stops at its next request boundary."
+    )
+    progress: JobProgress = Field(description="Counters of the current attempt.")
+    timestamps: JobTimestamps = Field(
+        description="When each phase of the current attempt happened."
+    )
+    error: JobError | None = Field(description="Why the job failed, else null.")
+    result: JobResultInfo | None = Field(
+        description="The result corpus of a succeeded job, else null."
+    )
 
 
 class JobsListResponse(WireModel):
-    jobs: list[JobPublic]
+    jobs: list[JobPublic] = Field(description="Jobs, newest first.")
     next_cursor: str | None = Field(
         default=None, description="Pass as `cursor` for the next page; absent on the last."
     )
 
 
 class DeleteJobResponse(WireModel):
-    status: Literal["deleted"] = "deleted"
-    id: str = Field(pattern=JOB_ID_PATTERN)
+    status: Literal["deleted"] = Field(default="deleted", description="Always `deleted`.")
+    id: str = Field(pattern=JOB_ID_PATTERN, description="The removed job's id.")
 
 
 def job_public(row: JobRow) -> JobPublic:
