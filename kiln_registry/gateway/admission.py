@@ -55,7 +55,9 @@ STREAM_EVENT_BYTES = 512
 _SHOWN_MODEL = re.compile(r"[A-Za-z0-9._/:-]{1,128}")
 _KEY_END = re.compile(rb'"[ \t\n\r]*:')
 _CONTAINERS = (dict, list)
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# Digits to "0", every other byte to "x": a 19-digit run is then a plain substring search.
+_DIGIT_MASK = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x78 for byte in range(256))
+_LONG_RUN = b"0" * 19
 
 
 class Admitted(NamedTuple):
@@ -135,7 +137,7 @@ def _fast_parse(body: bytes) -> object | None:
     with a run of 19 digits goes the strict way too.  A duplicate key it accepts: each key
     of the text ends in a quote, optional white space and a colon, so when the parsed objects
     hold as many keys as the text has such endings, no key was given twice."""
-    if _LONG_DIGITS.search(body) is not None:
+    if _LONG_RUN in body.translate(_DIGIT_MASK):
         return None
     try:
         value = orjson.loads(body)

@@ -62,7 +62,8 @@ class RequestHead:
         self.index: dict[bytes, list[bytes]] = {}
         for name, value in headers:
             self.index.setdefault(name, []).append(value)
-        tokens = b",".join(self.values(b"connection")).lower().split(b",")
+        connection = self.index.get(b"connection")
+        tokens = b",".join(connection).lower().split(b",") if connection else ()
         self.wants_close = b"close" in (token.strip() for token in tokens)
 
     def values(self, name: bytes) -> list[bytes]:
