@@ -104,7 +104,10 @@ class RegisterTeacherRequest(BaseModel):
         f" {MAX_ALIAS_CHARS} characters, no control characters; an alias containing `/` may"
         " not end in `/probe`, `/receipts` or `/launch`.",
     )
-    kind: TeacherKind
+    kind: TeacherKind = Field(
+        description="`remote` (a vLLM server at `url`), `local` (the loaded student, launched by "
+        "the registry) or `fixture` (a test double)."
+    )
     provider: RemoteProvider | None = Field(
         default=None, description="Remote protocol; registration accepts only `vllm`."
     )
@@ -116,7 +119,9 @@ class RegisterTeacherRequest(BaseModel):
     credential_id: str | None = Field(
         default=None, description="A `[teachers.credentials.<id>]` entry bound to the URL's origin."
     )
-    notes: str | None = None
+    notes: str | None = Field(
+        default=None, description="Free text kept with the alias (at most 4096 characters)."
+    )
     adapter: str | None = Field(
         default=None,
         description="Local only: a LoRA adapter directory name under the student's adapter"
@@ -205,67 +210,123 @@ def _remote_problems(provider: object, given: set[str]) -> list[str]:
 
 
 class AdapterIdentityPublic(WireModel):
-    name: str = Field(min_length=1)
-    weights_sha256: Sha256Hex
-    config_sha256: Sha256Hex
+    name: str = Field(min_length=1, description="The adapter's name as vLLM serves it.")
+    weights_sha256: Sha256Hex = Field(description="SHA-256 of the adapter weights.")
+    config_sha256: Sha256Hex = Field(description="SHA-256 of the adapter configuration.")
 
 
 class TeacherIdentityV1(WireModel):
     """The canonical teacher identity, keys in normative order (bounds as Kiln's schema)."""
 
-    schema_: Literal["kiln.teacher-identity.v1"] = Field(alias="schema")
-    protocol: Literal["vllm.prompt-logprobs.numeric-token-ids.causal.v1"]
-    served_model_id: str = Field(min_length=1)
-    base_model_sha256: Sha256Hex
-    tokenizer_vocab_sha256: Sha256Hex
-    tokenizer_config_sha256: Sha256Hex
-    adapter: AdapterIdentityPublic | None
-    vocab_size: int = Field(ge=1, le=16_777_216)
-    max_top_k: int = Field(ge=1, le=65_536)
-    max_model_len: int = Field(ge=1, le=16_777_216)
-    max_prompt_logprob_candidates: int = Field(ge=1, le=1_000_000)
-    logprobs_mode: Literal["raw_logprobs"]
-    implementation: str = Field(min_length=1)
-    inference_config_sha256: Sha256Hex
+    schema_: Literal["kiln.teacher-identity.v1"] = Field(
+        alias="schema", description="Always `kiln.teacher-identity.v1`."
+    )
+    protocol: Literal["vllm.prompt-logprobs.numeric-token-ids.causal.v1"] = Field(
+        description="Always `vllm.prompt-logprobs.numeric-token-ids.causal.v1`."
+    )
+    served_model_id: str = Field(
+        min_length=1, description="The model id vLLM serves (the `model` of completion requests)."
+    )
+    base_model_sha256: Sha256Hex = Field(description="Digest of the base model's weight files.")
+    tokenizer_vocab_sha256: Sha256Hex = Field(
+        description="Digest of the tokenizer vocabulary (must equal the student's)."
+    )
+    tokenizer_config_sha256: Sha256Hex = Field(description="Digest of the tokenizer configuration.")
+    adapter: AdapterIdentityPublic | None = Field(
+        description="The LoRA adapter served on top of the base model, else null."
+    )
+    vocab_size: int = Field(
+        ge=1, le=16_777_216, description="Vocabulary size (must equal the student's model width)."
+    )
+    max_top_k: int = Field(
+        ge=1, le=65_536, description="The largest K of `prompt_logprobs` the teacher answers."
+    )
+    max_model_len: int = Field(ge=1, le=16_777_216, description="Context length in tokens.")
+    max_prompt_logprob_candidates: int = Field(
+        ge=1,
+        le=1_000_000,
+        description="Bound on candidates in one response (prompt length x (K+1)).",
+    )
+    logprobs_mode: Literal["raw_logprobs"] = Field(description="Always `raw_logprobs`.")
+    implementation: str = Field(
+        min_length=1, description="The serving implementation and version, e.g. `vllm:0.32.0`."
+    )
+    inference_config_sha256: Sha256Hex = Field(
+        description="Digest of every option that changes the numbers (dtype, seed, kernels ...)."
+    )
 
 
 class TeacherSpec(WireModel):
-    alias: str = Field(min_length=1)
-    kind: TeacherKind
-    provider: RemoteProvider | None
-    model_id: str
-    max_top_k: int | None = Field(ge=0)
-    vocab_size: int | None = Field(ge=1)
-    supports_full_vocab: bool | None
-    tokenizer_hash: str | None = Field(min_length=1)
-    identity: TeacherIdentityV1 | None = None
-    url: str | None = Field(min_length=1)
-    credential_id: str | None = Field(default=None, min_length=1)
-    notes: str | None
-    adapter: str | None
+    alias: str = Field(min_length=1, description="The immutable registry alias.")
+    kind: TeacherKind = Field(description="`remote`, `local` or `fixture`.")
+    provider: RemoteProvider | None = Field(
+        description="Remote protocol (`vllm`); null for other kinds."
+    )
+    model_id: str = Field(description="The served model id requests name.")
+    max_top_k: int | None = Field(
+        ge=0, description="Largest K the teacher answers (from the identity), else null."
+    )
+    vocab_size: int | None = Field(
+        ge=1, description="Vocabulary size (from the identity), else null."
+    )
+    supports_full_vocab: bool | None = Field(
+        description="Whether full-vocabulary logprobs are available (never, for vLLM teachers)."
+    )
+    tokenizer_hash: str | None = Field(
+        min_length=1, description="The tokenizer vocabulary digest, else null."
+    )
+    identity: TeacherIdentityV1 | None = Field(
+        default=None, description="The proven teacher identity; absent for unverified kinds."
+    )
+    url: str | None = Field(min_length=1, description="Teacher base URL (remote), else null.")
+    credential_id: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The `[teachers.credentials.<id>]` used to authenticate; absent without one.",
+    )
+    notes: str | None = Field(description="Free text given at registration, else null.")
+    adapter: str | None = Field(description="The adapter name (local), else null.")
 
 
 class LogitSourceCaps(WireModel):
-    teacher_id: str = Field(min_length=1)
-    vocab_size: int = Field(ge=1)
-    max_top_k: int = Field(ge=1)
-    supports_full_vocab: bool
-    supports_batched: bool
-    tokenizer_hash: str | None = Field(min_length=1)
+    teacher_id: str = Field(min_length=1, description="The alias, as Kiln's logit source names it.")
+    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+    max_top_k: int = Field(ge=1, description="Largest K.")
+    supports_full_vocab: bool = Field(description="Full-vocabulary logprobs available.")
+    supports_batched: bool = Field(description="Batched requests accepted.")
+    tokenizer_hash: str | None = Field(
+        min_length=1, description="Tokenizer vocabulary digest, else null."
+    )
 
 
 class TeacherEntry(WireModel):
-    spec: TeacherSpec
-    capabilities: LogitSourceCaps | None
-    status: TeacherStatus
-    usable: bool
-    identity_revision: Sha256Ref | None = None
-    off_policy_manifest: str | None = Field(default=None, min_length=1)
-    status_message: str | None = Field(default=None, min_length=1)
+    spec: TeacherSpec = Field(description="What was registered and proven.")
+    capabilities: LogitSourceCaps | None = Field(
+        description="What Kiln may ask of the teacher; null while unusable."
+    )
+    status: TeacherStatus = Field(
+        description="`verified`, `configured`, `legacy_unverified` or `unavailable` (checked live "
+        "on every read)."
+    )
+    usable: bool = Field(description="Whether jobs and Kiln may use the alias now.")
+    identity_revision: Sha256Ref | None = Field(
+        default=None, description="`sha256:` + the identity digest; absent without an identity."
+    )
+    off_policy_manifest: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The exact first line of every corpus scored by this identity; absent without "
+        "an identity.",
+    )
+    status_message: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Why the alias is not usable (rule and message); absent when it is.",
+    )
 
 
 class TeachersListResponse(WireModel):
-    teachers: list[TeacherEntry]
+    teachers: list[TeacherEntry] = Field(description="Registered teachers, ordered by alias.")
     next_cursor: str | None = Field(
         default=None,
         description="Registry extension: pass as `cursor` for the next page; absent on the last.",
@@ -273,13 +334,15 @@ class TeachersListResponse(WireModel):
 
 
 class DeleteTeacherResponse(WireModel):
-    status: Literal["deleted"] = "deleted"
-    alias: str = Field(min_length=1)
+    status: Literal["deleted"] = Field(default="deleted", description="Always `deleted`.")
+    alias: str = Field(
+        min_length=1, description="The deleted alias (reserved until an admin releases it)."
+    )
 
 
 class RowWidths(WireModel):
-    min: Count
-    max: Count
+    min: Count = Field(description="The fewest candidates in one row.")
+    max: Count = Field(description="The most candidates in one row.")
 
 
 class ProbePurpose(StrEnum):
@@ -298,52 +361,69 @@ class ProbeOutcome(StrEnum):
 class ProbeAttemptPublic(WireModel):
     """One probe request: K, what came back and how long it took (no body, no header)."""
 
-    purpose: ProbePurpose
-    k: int = Field(ge=1)
-    prompt_len: int = Field(ge=1)
-    status_code: int | None = Field(ge=100, le=599)
-    elapsed_ms: float = Field(ge=0)
-    bytes_read: Count
-    fingerprint: str | None
-    identity_digest: Sha256Hex | None
-    row_widths: RowWidths | None
-    candidate_count: Count | None
+    purpose: ProbePurpose = Field(
+        description="Which probe: `discover` (K=1), `max_top_k` or `cap` (K=max_top_k+1, must be "
+        "refused)."
+    )
+    k: int = Field(ge=1, description="The K asked for.")
+    prompt_len: int = Field(ge=1, description="Tokens in the probe prompt.")
+    status_code: int | None = Field(
+        ge=100, le=599, description="The teacher's HTTP status, or null when none came."
+    )
+    elapsed_ms: float = Field(ge=0, description="Wall time of the request in milliseconds.")
+    bytes_read: Count = Field(description="Response bytes read.")
+    fingerprint: str | None = Field(
+        description="The `system_fingerprint` the teacher answered, else null."
+    )
+    identity_digest: Sha256Hex | None = Field(
+        description="The digest of the identity in that fingerprint, else null."
+    )
+    row_widths: RowWidths | None = Field(description="Candidates per row seen, else null.")
+    candidate_count: Count | None = Field(
+        description="Candidates in the whole response, else null."
+    )
 
 
 class ProbeFailurePublic(WireModel):
-    code: str | None
-    rule: str | None
-    message: str | None
+    code: str | None = Field(description="Error code of the failure.")
+    rule: str | None = Field(description="The dotted rule that failed.")
+    message: str | None = Field(description="What failed, in one line.")
 
 
 class ProbeReportPublic(WireModel):
     """The outcome of the dual identity probe and the cap probe."""
 
-    url: str
-    model_id: str
-    authenticated: bool
-    k_values: list[Annotated[int, Field(ge=1)]]
-    attempts: list[ProbeAttemptPublic]
-    outcome: ProbeOutcome
-    fingerprint: str | None
-    identity_digest: Sha256Hex | None
-    failure: ProbeFailurePublic | None
-    elapsed_ms: float = Field(ge=0)
+    url: str = Field(description="The teacher's base URL probed.")
+    model_id: str = Field(description="The served model id probed.")
+    authenticated: bool = Field(description="Whether a credential's bearer secret was sent.")
+    k_values: list[Annotated[int, Field(ge=1)]] = Field(
+        description="The K of each probe, in order."
+    )
+    attempts: list[ProbeAttemptPublic] = Field(description="One entry per probe request.")
+    outcome: ProbeOutcome = Field(description="`passed` or `failed`.")
+    fingerprint: str | None = Field(description="The verified fingerprint, else null.")
+    identity_digest: Sha256Hex | None = Field(
+        description="The verified identity's digest, else null."
+    )
+    failure: ProbeFailurePublic | None = Field(description="Why the probe failed, else null.")
+    elapsed_ms: float = Field(ge=0, description="Wall time of all probes in milliseconds.")
 
 
 class ProbeReceipt(WireModel):
     """A stored probe report; never holds a secret."""
 
-    id: int = Field(ge=1)
-    alias: str = Field(min_length=1)
-    created_at: str
-    outcome: ProbeOutcome
-    identity_revision: Sha256Ref | None
-    report: ProbeReportPublic
+    id: int = Field(ge=1, description="Receipt number (ascending).")
+    alias: str = Field(min_length=1, description="The alias probed.")
+    created_at: str = Field(description="When the probe ran (UTC, RFC 3339).")
+    outcome: ProbeOutcome = Field(description="`passed` or `failed`.")
+    identity_revision: Sha256Ref | None = Field(
+        description="The identity the probe proved, else null."
+    )
+    report: ProbeReportPublic = Field(description="The full probe report.")
 
 
 class ReceiptsResponse(WireModel):
-    receipts: list[ProbeReceipt]
+    receipts: list[ProbeReceipt] = Field(description="Probe receipts, newest first.")
     next_cursor: str | None = Field(
         default=None, description="Pass as `cursor` for the next page; absent on the last."
     )
@@ -351,7 +431,9 @@ class ReceiptsResponse(WireModel):
 
 class ErrorDetail(WireModel):
     code: str = Field(min_length=1, description="Stable snake_case error code.")
-    message: str
+    message: str = Field(
+        description="What went wrong, in one line (never a secret or a submitted value)."
+    )
     hint: str = Field(description="What to do next (always a string, possibly empty).")
     rule: str | None = Field(
         default=None, min_length=1, description="The dotted rule that failed, where one did."
@@ -359,24 +441,32 @@ class ErrorDetail(WireModel):
 
 
 class ErrorResponse(WireModel):
-    error: ErrorDetail
+    error: ErrorDetail = Field(
+        description="The error: code, message, hint and (where one failed) rule."
+    )
 
 
 class HealthResponse(WireModel):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok"] = Field(default="ok", description="Always `ok` while the process serves.")
 
 
 class LegacyRegistryReport(WireModel):
     """The last start-up import of ``[server] legacy_registry``; a refusal keeps the server up."""
 
-    status: Literal["imported", "refused"]
-    path: str
-    rule: str | None = None
-    message: str
+    status: Literal["imported", "refused"] = Field(description="`imported` or `refused`.")
+    path: str = Field(description="The legacy `teachers.json` read.")
+    rule: str | None = Field(
+        default=None, description="The rule that refused it; absent when imported."
+    )
+    message: str = Field(description="What happened, in one line.")
 
 
 class ReadyResponse(WireModel):
-    status: Literal["ready", "starting"]
-    database_revision: str | None
-    teachers: Count
-    legacy_registry: LegacyRegistryReport | None = None
+    status: Literal["ready", "starting"] = Field(
+        description="`ready`, or `starting` while start-up work runs."
+    )
+    database_revision: str | None = Field(description="The database's Alembic revision, else null.")
+    teachers: Count = Field(description="Registered aliases.")
+    legacy_registry: LegacyRegistryReport | None = Field(
+        default=None, description="The last legacy registry import; absent when none is configured."
+    )
