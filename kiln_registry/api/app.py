@@ -103,8 +103,7 @@ def create_app(
         # Outside everything: request id, per-route metrics, access log (issue 18).
         app.add_middleware(AccessLayer, metrics=ctx.metrics)
     app.include_router(teachers.router)
-    # Before system's router: its /docs (a plain operation list) is superseded by Swagger UI.
-    app.include_router(ui_pages.router)
+    app.include_router(ui_pages.router)  # /docs, /ui and their files (open: no data)
     app.include_router(system.router)
     app.include_router(jobs.router)
     app.include_router(keys.router)

@@ -1,12 +1,11 @@
-"""Operational routes: health, readiness, Prometheus metrics and offline API docs."""
+"""Operational routes: health, readiness and Prometheus metrics (the docs page: ``api.ui``)."""
 
 from __future__ import annotations
 
-import html
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from fastapi import APIRouter, Depends
+from fastapi.responses import PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
@@ -71,33 +70,3 @@ async def metrics(ctx: Ctx) -> Response:
     # Prometheus text (observability.metrics); `read` scope unless [server] metrics_public.
     body = await run_in_threadpool(_render_metrics, ctx)
     return Response(body, media_type=CONTENT_TYPE)
-
-
-def render_docs(schema: dict[str, Any]) -> str:
-    """A self-contained HTML page of every operation; no scripts, no CDN."""
-    title = html.escape(str(schema.get("info", {}).get("title", "API")))
-    rows: list[str] = []
-    for path, operations in sorted(schema.get("paths", {}).items()):
-        for method, op in sorted(operations.items()):
-            rows.append(
-                "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>".format(
-                    html.escape(method.upper()),
-                    html.escape(path),
-                    html.escape(str(op.get("operationId", ""))),
-                    html.escape(str(op.get("summary", ""))),
-                )
-            )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
-        "<style>body{font-family:sans-serif;margin:2em}td{padding:.2em 1em}</style></head>"
-        f"<body><h1>{title}</h1><p>The full schema is at <a href='/openapi.json'>"
-        "/openapi.json</a> (also <code>openapi/kiln-registry.openapi.json</code>).</p>"
-        "<table><tr><th>Method</th><th>Path</th><th>Operation</th><th>Summary</th></tr>"
-        + "".join(rows)
-        + "</table></body></html>"
-    )
-
-
-@router.get("/docs", include_in_schema=False)
-async def docs(request: Request) -> HTMLResponse:
-    return HTMLResponse(render_docs(request.app.openapi()))
