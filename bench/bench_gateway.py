@@ -7,10 +7,13 @@ on 2 CPU cores is far too slow to show the gateway's cost.  The gateway runs
 as its own process exactly as the launcher starts it
 (``python -m kiln_registry.gateway``).  The same client (keep-alive
 connections, one per worker, ``--concurrency`` workers, the same scoring
-request) sends ``--requests`` requests per round, alternating arms:
+request) sends ``--requests`` requests per arm and round to each of
 
-* ``direct``: to the upstream's Unix socket;
-* ``gateway``: to the gateway's TCP port, which forwards to that socket.
+* ``direct``: the upstream's Unix socket;
+* ``gateway``: the gateway's TCP port, which forwards to that socket;
+
+in halves, in ABBA order (which arm goes first alternates between rounds),
+so a background load that drifts during a round weighs on both arms alike.
 
 Reported: requests per second per round, the per-round ratio
 gateway/direct, and their median; the gateway process's CPU time per request
@@ -115,12 +118,13 @@ async def worker(target: str, request: bytes, count: int) -> None:
         writer.close()
 
 
-async def one_round(target: str, requests: int, concurrency: int) -> float:
+async def one_round(target: str, requests: int, concurrency: int) -> tuple[int, float]:
+    """Send ``requests`` (rounded down to a multiple of ``concurrency``): (sent, seconds)."""
     request = scoring_request(b"localhost")
     per_worker = requests // concurrency
     start = time.perf_counter()
     await asyncio.gather(*(worker(target, request, per_worker) for _ in range(concurrency)))
-    return per_worker * concurrency / (time.perf_counter() - start)
+    return per_worker * concurrency, time.perf_counter() - start
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -131,15 +135,6 @@ def process_cpu(pid: int) -> tuple[float, float]:
         return 0.0, 0.0
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
-
-
-def measure(target: str, args: argparse.Namespace, gateway_pid: int) -> tuple[float, list[float]]:
-    """One arm: requests per second, and the gateway's CPU ms per request (user, system)."""
-    before = process_cpu(gateway_pid)
-    rate = asyncio.run(one_round(target, args.requests, args.concurrency))
-    after = process_cpu(gateway_pid)
-    done = args.requests // args.concurrency * args.concurrency
-    return rate, [round((a - b) / done * 1000, 4) for a, b in zip(after, before, strict=True)]
 
 
 def wait_for(check: object, what: str) -> None:
@@ -184,20 +179,33 @@ def start_processes(tmp: Path, latency_ms: float) -> tuple[list[subprocess.Popen
 def run_rounds(
     args: argparse.Namespace, sock: str, gateway: str, gateway_pid: int
 ) -> list[dict[str, Any]]:
-    """Warm both paths, then ``--rounds`` paired rounds, the arms' order alternating."""
+    """Warm both paths, then ``--rounds`` paired rounds.
+
+    A round runs each arm twice on half the requests in ABBA order (the first arm
+    alternating between rounds), so a load that drifts during the round weighs on both
+    arms alike; an arm's rate is its requests over its seconds."""
     for target in (sock, gateway):
         asyncio.run(one_round(target, args.concurrency * 4, args.concurrency))
+    targets = {"direct": sock, "gateway": gateway}
     rounds: list[dict[str, Any]] = []
     for index in range(args.rounds):
-        order = [("direct", sock), ("gateway", gateway)]
-        rates: dict[str, float] = {}
-        for name, target in order if index % 2 == 0 else order[::-1]:
-            rates[name], cpu = measure(target, args, gateway_pid)
+        first, second = ("direct", "gateway") if index % 2 == 0 else ("gateway", "direct")
+        sent = {"direct": 0, "gateway": 0}
+        seconds = {"direct": 0.0, "gateway": 0.0}
+        cpu = [0.0, 0.0]
+        for name in (first, second, second, first):
+            start_cpu = process_cpu(gateway_pid)
+            arm = one_round(targets[name], args.requests // 2, args.concurrency)
+            count, elapsed = asyncio.run(arm)
+            sent[name] += count
+            seconds[name] += elapsed
             if name == "gateway":
-                gateway_cpu = cpu
+                end_cpu = process_cpu(gateway_pid)
+                cpu = [c + b - a for c, a, b in zip(cpu, start_cpu, end_cpu, strict=True)]
+        rates = {name: sent[name] / seconds[name] for name in sent}
         result: dict[str, Any] = {k: round(v, 3) for k, v in rates.items()}
         result["ratio"] = round(rates["gateway"] / rates["direct"], 3)
-        result["gateway_cpu_ms"] = gateway_cpu
+        result["gateway_cpu_ms"] = [round(c / sent["gateway"] * 1000, 4) for c in cpu]
         rounds.append(result)
         print(json.dumps(result), file=sys.stderr)
     return rounds
