@@ -18,6 +18,7 @@ import json
 import os
 import re
 import ssl
+import sys
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
-from kiln_registry.client_tls import check_token, tls_context, token_from_env
+from kiln_registry.client_tls import check_token, tls_context, tls_refusal, token_from_env
 from kiln_registry.errors import InputError, KilnError
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
@@ -209,6 +210,13 @@ def invalid(what: str) -> RegistryClientError:
 
 
 def unreachable(base_url: str, what: str) -> RegistryClientError:
+    # Called in an except block: a TLS setting may explain the failure (issue 15: mTLS).
+    tls = tls_refusal(sys.exc_info()[1], https=base_url.startswith("https://"))
+    if tls is not None:
+        code, message, hint = tls
+        return RegistryClientError(
+            f"{message} ({base_url})", status=503, code=code, rule="client.tls", hint=hint
+        )
     return RegistryClientError(
         f"could not reach the registry at {base_url}: the request {what}",
         status=503,

@@ -6,7 +6,15 @@ registry against the system store, or only ``ca_file`` when given, and
 presents ``client_cert`` (certificate, key) for mutual TLS.  ``token_from_env``
 reads the token from ``--token-env NAME`` or else ``KILN_TOKEN`` (never a
 command-line value, which would land in shell history and ``ps``).
-Imports the standard library, ``auth.tokens`` and errors only.
+``client_cert_from`` resolves ``--client-cert-file``/``--client-key-file``
+(else ``KILN_CLIENT_CERT_FILE``/``KILN_CLIENT_KEY_FILE``; a PEM holding both
+may be named as the certificate alone).  ``tls_refusal`` explains a transport
+failure a TLS setting can fix: a registry under mutual TLS that drops the
+connection right after the handshake (uvicorn sends no TLS alert, so this is
+the only sign: no client certificate, or one it does not accept); a server
+certificate the trust store does not know.
+``client_base.unreachable`` asks it about the exception being handled.
+Imports the standard library, httpx, ``auth.tokens`` and errors only.
 """
 
 from __future__ import annotations
@@ -16,10 +24,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+import httpx
+
 from kiln_registry.auth.tokens import well_formed
 from kiln_registry.errors import InputError
 
 TOKEN_ENV: Final = "KILN_TOKEN"
+CERT_ENV: Final = "KILN_CLIENT_CERT_FILE"
+KEY_ENV: Final = "KILN_CLIENT_KEY_FILE"
+CERT_OPTIONS: Final = (
+    f"--client-cert-file PEM and --client-key-file PEM (or ${CERT_ENV} and ${KEY_ENV});"
+    " Python: RegistryClient(client_cert=(cert, key))"
+)
+MAX_CHAIN: Final = 8
 
 
 def check_token(token: str) -> str:
@@ -61,3 +78,51 @@ def tls_context(
             hint="give PEM files (--ca-file)",
         ) from None
     return context
+
+
+def client_cert_from(
+    cert: Path | None, key: Path | None, environ: Mapping[str, str]
+) -> tuple[Path, Path] | None:
+    """The (certificate, key) to present: the options, else the variables, else None."""
+    cert = cert or (Path(environ[CERT_ENV]) if environ.get(CERT_ENV) else None)
+    key = key or (Path(environ[KEY_ENV]) if environ.get(KEY_ENV) else None)
+    if cert is None:
+        if key is not None:
+            raise InputError(
+                "a client key was given without a client certificate",
+                rule="client.client_cert",
+                hint=f"give {CERT_OPTIONS}",
+            )
+        return None
+    return cert, key or cert
+
+
+def _chain_text(exc: BaseException) -> str:
+    parts: list[str] = []
+    current: BaseException | None = exc
+    while current is not None and len(parts) < MAX_CHAIN:
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return " | ".join(parts)
+
+
+def tls_refusal(exc: BaseException | None, *, https: bool) -> tuple[str, str, str] | None:
+    """``(code, message, hint)`` when a TLS setting explains the transport failure ``exc``."""
+    if not https or not isinstance(exc, httpx.HTTPError):
+        return None
+    text = _chain_text(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            "registry_unreachable",
+            "the registry's TLS certificate is not trusted (certificate verify failed)",
+            "pass --ca-file with the CA that signed the registry's certificate",
+        )
+    if isinstance(exc, httpx.RemoteProtocolError) or "CERTIFICATE_REQUIRED" in text:
+        return (
+            "registry_client_certificate_required",
+            "the registry closed the connection right after the TLS handshake without"
+            " answering: it requires a client certificate (mutual TLS) and none was presented,"
+            " or not one signed by its [server] tls_client_ca_file",
+            f"give {CERT_OPTIONS}",
+        )
+    return None
