@@ -1,13 +1,16 @@
 """Fixtures of the browser tests: Debian's headless Chromium driven by Playwright.
 
-``browser`` is one Chromium for the whole session (Playwright's driver ships
-in its wheel; the browser is the system's ``chromium``, which
-``scripts/install-test-deps.sh`` installs: nothing is downloaded).  ``page``
-is a fresh context per test (its own sessionStorage) that records console
-errors, page errors and Content-Security-Policy violations, which every test
-asserts are absent.  ``live`` is a real registry (``auth = "required"``, job
-workers running) with the reference teacher behind a ``ScoringGate``,
-registered as ``ref@tiny``; shared by the module.
+``browser`` is one Chromium for all the browser tests.  Its scope is the
+package, not the session: while Playwright's sync API is open it marks an
+event loop as running in the main thread, which would break ``asyncio.run`` in
+the test packages after this one.  Playwright's driver ships in its wheel; the
+browser is the system's ``chromium``, which ``scripts/install-test-deps.sh``
+installs (nothing is downloaded).  ``page`` is a fresh context per test (its
+own sessionStorage) that records console errors (Content-Security-Policy
+violations among them) and page errors, which every test asserts are absent.
+``live`` is a real registry (``auth = "required"``, job workers running) with
+the reference teacher behind a ``ScoringGate``, registered as ``ref@tiny``;
+shared by the module.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
