@@ -8,9 +8,13 @@ error response under the route's media type (``text/plain`` for
 ``/metrics``); the envelope is always ``application/json``.  And FastAPI's
 OpenAPI model stores ``minimum``/``maximum`` as floats; integer bounds are
 written back as integers (the signed 64-bit extremes, which a float cannot
-hold, are restored exactly).  ``install_openapi``
+hold, are restored exactly).  Every request and response body gets an
+example (``api.examples``; an error response one per error code), and the
+NDJSON corpus of ``GET /v1/jobs/{id}/result`` is described as a binary body
+whose lines are the component schemas of ``api.corpus_schemas``, named in
+``x-ndjson-line-schema``.  ``install_openapi``
 replaces ``app.openapi`` with a generator that drops those entries and caches
-the result as FastAPI does.  Imports FastAPI only.
+the result as FastAPI does.  Imports FastAPI, pydantic, ``api.examples`` and ``api.corpus_schemas``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
+from kiln_registry.api.corpus_schemas import LINE_MODELS, LINE_MODELS_DESCRIPTION
+from kiln_registry.api.examples import (
+    METRICS_EXAMPLE,
+    body_examples,
+    error_example,
+    ndjson_example,
+)
 from kiln_registry.version import package_version
 
 UNUSED_SCHEMAS = ("HTTPValidationError", "ValidationError")
@@ -60,8 +72,62 @@ def corrected(schema: dict[str, Any]) -> dict[str, Any]:
     components = schema.get("components", {}).get("schemas", {})
     for name in UNUSED_SCHEMAS:
         components.pop(name, None)
+    _add_line_schemas(components)
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                _add_examples(operation)
     _integer_bounds(schema)
     return schema
+
+
+NDJSON = "application/x-ndjson"
+REF = "#/components/schemas/"
+
+
+def _add_line_schemas(components: dict[str, Any]) -> None:
+    """The NDJSON line models (and what they reference) as component schemas."""
+    for model in LINE_MODELS:
+        doc = model.model_json_schema(by_alias=True, ref_template=REF + "{model}")
+        for name, sub in doc.pop("$defs", {}).items():
+            components.setdefault(name, sub)
+        components.setdefault(model.__name__, doc)
+
+
+def _ref_name(media: dict[str, Any]) -> str | None:
+    ref = media.get("schema", {}).get("$ref", "")
+    return ref.removeprefix(REF) if ref.startswith(REF) else None
+
+
+def _add_examples(operation: dict[str, Any]) -> None:
+    examples = body_examples()
+    for media in operation.get("requestBody", {}).get("content", {}).values():
+        mapping = media.get("schema", {}).get("discriminator", {}).get("mapping", {})
+        if mapping:  # one example per kind
+            media["examples"] = {
+                kind: {"summary": kind, "value": examples[ref.removeprefix(REF)]}
+                for kind, ref in mapping.items()
+            }
+        elif (name := _ref_name(media)) in examples:
+            media["example"] = examples[name]
+    for response in operation.get("responses", {}).values():
+        codes = response.get("x-kiln-error-codes")
+        for media_type, media in response.get("content", {}).items():
+            if codes:
+                media["examples"] = {code: {"value": error_example(code)} for code in codes}
+            elif media_type == NDJSON:
+                _describe_ndjson(media)
+            elif media_type == "text/plain":
+                media["example"] = METRICS_EXAMPLE
+            elif (name := _ref_name(media)) in examples:
+                media["example"] = examples[name]
+
+
+def _describe_ndjson(media: dict[str, Any]) -> None:
+    lines: list[type[BaseModel]] = list(LINE_MODELS)
+    media["schema"] = {"type": "string", "format": "binary", "description": LINE_MODELS_DESCRIPTION}
+    media["x-ndjson-line-schema"] = {"anyOf": [{"$ref": REF + m.__name__} for m in lines]}
+    media["example"] = ndjson_example()
 
 
 def _envelope_is_json(response: dict[str, Any]) -> None:
