@@ -298,7 +298,15 @@ def _check_lines(body: _SignedBody) -> _LineChecker:
 def verify_corpus(
     path: Path, keys: dict[str, PublicKey], on_progress: Progress | None = None
 ) -> CorpusSummary:
-    """Check the trailer against ``keys``, then every line; see the module docstring."""
+    """Check the trailer against ``keys``, then every line; see the module docstring.
+
+    A corpus with a detached ``<corpus>.sig`` is an off-policy generation corpus
+    (``jobs.generation_verify``), which Kiln reads directly.
+    """
+    if path.with_name(path.name + ".sig").is_file():
+        from kiln_registry.jobs.generation_verify import verify_generation_corpus
+
+        return verify_generation_corpus(path, keys, on_progress)
     try:
         handle = path.open("rb")
     except OSError as exc:

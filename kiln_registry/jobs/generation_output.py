@@ -43,6 +43,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
+from kiln_registry.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.corpus import trailer_line
@@ -89,6 +90,14 @@ def encode_example(
 ) -> bytes:
     """One example line (with its newline); see the module docstring."""
     text = ctx.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    if not text:
+        # Kiln refuses an example whose teacher_response is empty (opd.rs).
+        raise ProbeFailed(
+            f"generation for prompt {seq_id!r}: the teacher's response decodes to empty text,"
+            " which Kiln cannot train on",
+            rule="generation.empty_response",
+            hint="raise max_tokens or change the prompt",
+        )
     example: dict[str, object] = {
         "id": seq_id,
         "messages": json.loads(messages_json),
