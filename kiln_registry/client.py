@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, TypeVar
 import httpx
 
 from kiln_registry import client_base as ops
-from kiln_registry.api.jobs_schemas import JobPublic, JobsListResponse
+from kiln_registry.api.jobs_schemas import DeleteJobResponse, JobPublic, JobsListResponse
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
     HealthResponse,
@@ -249,6 +249,10 @@ class RegistryClient:
 
     def cancel_job(self, job_id: str) -> JobPublic:
         return self._run(ops.cancel_job(job_id))
+
+    def delete_job(self, job_id: str) -> DeleteJobResponse:
+        """Remove a finished job with its result (``409 job_conflict`` while it runs)."""
+        return self._run(ops.delete_job(job_id))
 
     def wait_job(
         self,

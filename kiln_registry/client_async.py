@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import httpx
 
 from kiln_registry import client_base as ops
-from kiln_registry.api.jobs_schemas import JobPublic, JobsListResponse
+from kiln_registry.api.jobs_schemas import DeleteJobResponse, JobPublic, JobsListResponse
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
     HealthResponse,
@@ -206,6 +206,10 @@ class AsyncRegistryClient:
 
     async def cancel_job(self, job_id: str) -> JobPublic:
         return await self._run(ops.cancel_job(job_id))
+
+    async def delete_job(self, job_id: str) -> DeleteJobResponse:
+        """Remove a finished job with its result (``409 job_conflict`` while it runs)."""
+        return await self._run(ops.delete_job(job_id))
 
     async def wait_job(
         self,

@@ -28,7 +28,13 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from kiln_registry.aliases import alias_path_segment, alias_problem
-from kiln_registry.api.jobs_schemas import JOB_ID_PATTERN, JobPublic, JobsListResponse, JobStatus
+from kiln_registry.api.jobs_schemas import (
+    JOB_ID_PATTERN,
+    DeleteJobResponse,
+    JobPublic,
+    JobsListResponse,
+    JobStatus,
+)
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
     ErrorResponse,
@@ -416,6 +422,11 @@ def get_job(job_id: str) -> Call[JobPublic]:
 
 def cancel_job(job_id: str) -> Call[JobPublic]:
     return call("POST", f"/v1/jobs/{job_id_path(job_id)}/cancel", JobPublic)
+
+
+def delete_job(job_id: str) -> Call[DeleteJobResponse]:
+    """``DELETE /v1/jobs/{id}`` (issue 15): a finished job; an active one is 409."""
+    return call("DELETE", f"/v1/jobs/{job_id_path(job_id)}", DeleteJobResponse)
 
 
 def signing_keys(base_url: str) -> Call[dict[str, Any]]:
