@@ -100,3 +100,16 @@ def test_bad_arguments_are_refused_before_a_request() -> None:
             client.jobs_page(status="bogus")
         with pytest.raises(InputError, match=r"client\.interval"):
             client.wait_job("job-" + "0" * 24, interval=0)
+
+
+def test_the_documented_jobs_example_runs(
+    live: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text("utf-8")
+    block = doc.split("Jobs too:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = block.replace("http://127.0.0.1:8420", live.url).replace("teacher-large@vllm", ALIAS)
+    monkeypatch.chdir(tmp_path)
+    # The block continues the one before it, which imported RegistryClient.
+    scope = {"print": lambda *a: None, "RegistryClient": RegistryClient}
+    exec(compile(code, "docs/operations.md", "exec"), scope)
+    assert (tmp_path / "corpora" / "run-1.jsonl").is_file()
