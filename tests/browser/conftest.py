@@ -59,6 +59,13 @@ def browser() -> Iterator[Any]:
             chromium.close()
 
 
+# Runs before any page script (Playwright injects it; the page's CSP does not apply to it).
+RECORD_VIOLATIONS = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__cspViolations.push(e.violatedDirective + " " + (e.blockedURI || "inline"));
+});
+"""
 # Chromium logs every refused fetch; the pages' first call is refused until a token is given.
 EXPECTED_401 = "Failed to load resource: the server responded with a status of 401"
 
@@ -78,6 +85,7 @@ class PageLog:
 def page(browser: Any) -> Iterator[tuple[Any, PageLog]]:
     context = browser.new_context(viewport=VIEWPORT)
     context.set_default_timeout(30_000)
+    context.add_init_script(RECORD_VIOLATIONS)
     tab = context.new_page()
     log = PageLog()
     tab.on("console", lambda m: m.type == "error" and log.messages.append(f"console: {m.text}"))
@@ -141,6 +149,11 @@ def live(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Ite
             answer = http.post("/v1/teachers", json=body)
             assert answer.status_code == 200, answer.text
         yield live
+
+
+def csp_violations(tab: Any) -> list[str]:
+    found: list[str] = tab.evaluate("() => window.__cspViolations")
+    return found
 
 
 def enter_token(tab: Any, token: str) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import ALIAS, MODEL_ID, Live, PageLog, enter_token
+from tests.browser.conftest import ALIAS, MODEL_ID, Live, PageLog, csp_violations, enter_token
 
 CACHED = [[5, 9, 11, 40], [7, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [5, 9, 11, 40, 41]]
 FRESH = [[3, 8 + i, 13, 21] for i in range(6)]
@@ -110,7 +110,7 @@ def test_dashboard_shows_teachers_receipts_and_a_job_progressing(
     assert cells[1:6] == [ALIAS, "succeeded", f"{total} / {total}", str(len(FRESH)), "4"]
     assert 0 < middle < total
     tab.screenshot(path=str(tmp_path / "dashboard-done.png"), full_page=True)
-    assert log.problems == []
+    assert log.problems == [] and csp_violations(tab) == []
 
 
 def test_html_in_aliases_and_notes_is_shown_as_text(
@@ -134,4 +134,22 @@ def test_html_in_aliases_and_notes_is_shown_as_text(
     assert tab.locator("main img, main script, main b, main i").count() == 0
     assert tab.evaluate("() => window.__xss") is None
     tab.screenshot(path=str(tmp_path / "hostile.png"), full_page=True)
-    assert log.problems == []
+    assert log.problems == [] and csp_violations(tab) == []
+
+
+def test_the_policy_blocks_injected_markup_that_would_run(
+    live: Live, page: tuple[Any, PageLog]
+) -> None:
+    """Defence in depth: even markup written as HTML could not run a handler or a script."""
+    tab, _ = page
+    tab.goto(live.url + "/ui")
+    enter_token(tab, live.token)
+    tab.locator("#teachers tbody tr").first.wait_for()
+    tab.evaluate(
+        """() => document.body.insertAdjacentHTML("beforeend",
+        '<img src="/assets/favicon.png" onload="window.__xss=3">'
+        + '<iframe srcdoc="<b>x</b>"></iframe>')"""
+    )
+    tab.wait_for_function("() => window.__cspViolations.length >= 1")
+    assert tab.evaluate("() => window.__xss") is None
+    assert any(v.startswith("script-src") for v in csp_violations(tab)), csp_violations(tab)

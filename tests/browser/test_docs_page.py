@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.browser.conftest import ALIAS, Live, PageLog, enter_token
+from tests.browser.conftest import ALIAS, Live, PageLog, csp_violations, enter_token
 
 OPERATIONS = ("listTeachers", "registerTeacher", "getTeacher", "listTeacherReceipts",
               "submitJob", "listJobs", "getJob", "health")  # fmt: skip
@@ -44,4 +44,4 @@ def test_docs_render_every_operation_and_try_it_out_lists_the_teachers(
     sent = [h for url, h in log.requests if url.startswith(live.url + "/v1/teachers")]
     assert sent and all(h.get("authorization") == f"Bearer {live.token}" for h in sent)
     assert all(url.startswith(live.url + "/") for url, _ in log.requests), log.requests
-    assert log.problems == []
+    assert log.problems == [] and csp_violations(tab) == []
