@@ -6,7 +6,8 @@ routes (``POST /v1/completions``, ``GET /v1/models``, ``GET /health``).
 Modules: ``config`` (settings and the entry point's flags), ``refusals``
 (vLLM-shaped error bodies), ``http1`` (the strict request-head parser and
 response framing), ``admission`` (routes, credentials and request limits),
-``upstream`` (the keep-alive client protocol over the Unix socket),
+``response`` (the upstream's answer head and failures), ``upstream`` (the
+keep-alive client protocol over the Unix socket),
 ``forward`` (one request's relay), ``server`` (the asyncio server, client
 connections and drain).  ``python -m kiln_registry.gateway``
 runs one; the launcher starts it (``launcher.launch``).

@@ -5,9 +5,8 @@ socket; an ``UpstreamConnection`` is an ``asyncio.Protocol`` that runs one
 exchange at a time for a ``Sink`` (the forwarding side).  It sits on the
 hot path of every scoring request and moves bodies of hundreds of
 kilobytes, so it is callback-driven: the request goes out in one
-``writelines``, the answer's head is parsed strictly (status line, token
-header names, visible-ASCII values, one ``Content-Length`` or
-``Transfer-Encoding: chunked``, never both), and the body bytes each read
+``writelines``, the answer's head is parsed strictly
+(``response.parse_response_head``), and the body bytes each read
 returns are handed to the sink as they are, without a stream buffer, a task
 or a copy in between.  Bytes past a declared Content-Length are dropped and
 the connection is not reused.  A chunked answer is handed on chunk by chunk
@@ -15,12 +14,12 @@ the connection is not reused.  A chunked answer is handed on chunk by chunk
 
 The answer's body is bounded by the ``cap`` the sink returns for its head:
 more is an ``OverBound`` failure.  Each wait for upstream bytes lasts at most
-``timeout`` seconds (one lazily re-armed timer per exchange).  A reused
+``timeout`` seconds (one timer per connection, re-armed lazily).  A reused
 connection that ends before it answers anything fails as ``StaleConnection``
 so the caller can send once more on a fresh one.  Failures carry a short
 reason that never quotes upstream bytes.
 
-Imports: standard library only.
+Imports: standard library and ``gateway.response`` (the answer's head and the failures).
 """
 
 from __future__ import annotations
@@ -28,52 +27,38 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol, cast
+from typing import Protocol, cast
 
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 128
+from kiln_registry.gateway.response import (
+    MAX_HEAD_BYTES,
+    OverBound,
+    ResponseHead,
+    StaleConnection,
+    UpstreamFailed,
+    parse_response_head,
+)
+
+__all__ = [
+    "OverBound",
+    "ResponseHead",
+    "Sink",
+    "StaleConnection",
+    "UpstreamConnection",
+    "UpstreamFailed",
+    "UpstreamPool",
+]
+
 MAX_INTERIM = 4
 MAX_CHUNK_LINE = 1024
 MAX_TRAILER_LINES = 64
 CONNECT_TIMEOUT = 5.0
-_STATUS_LINE = re.compile(rb"HTTP/1\.1 ([1-5][0-9][0-9]) ([\x20-\x7e\t]*)")
-# Every header line with its CRLF, checked in one pass (token name, colon, visible ASCII).
-_HEADER_BLOCK = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}:[\x20-\x7e\t]*\r\n)*")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,8})(;[\x20-\x7e\t]*)?\r\n")
-_DIGITS = re.compile(rb"[0-9]{1,12}")
 # Exchange states.
 IDLE, HEAD, LENGTH, UNTIL_CLOSE, CHUNK_SIZE, CHUNK_DATA, TRAILER, CLOSED = range(8)
 
 
-class UpstreamFailed(Exception):
-    """The upstream could not be reached, or its answer broke off or came too slowly."""
-
-    def __init__(self, reason: str, *, timeout: bool = False) -> None:
-        super().__init__(reason)
-        self.timeout = timeout
-
-
-class StaleConnection(UpstreamFailed):
-    """A reused connection ended before it answered anything (the upstream had closed it)."""
-
-
-class OverBound(UpstreamFailed):
-    """The answer's body passed the bound its sink set."""
-
-
-class ResponseHead(NamedTuple):
-    """A final response head: header names keep the upstream's spelling."""
-
-    status: int
-    reason: bytes
-    headers: tuple[tuple[bytes, bytes], ...]
-    content_length: int | None  # None: chunked, or delimited by the connection's close
-    chunked: bool
-    close: bool
-
-
 class Sink(Protocol):
-    """Where one exchange's answer goes (``server.Forward``)."""
+    """Where one exchange's answer goes (``forward.Forward``)."""
 
     def on_head(self, head: ResponseHead) -> int | None:
         """The body's bound, or None when the sink gave up on the exchange (it closed it)."""
@@ -107,6 +92,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.remaining = 0  # LENGTH: body bytes still due; CHUNK_DATA: payload plus CRLF
         self.left = 0  # bytes the bound still allows
         self.lines = 0  # interim answers, then trailer lines
+        self.paused = False
 
     # -- asyncio.Protocol -------------------------------------------------------------
 
@@ -151,11 +137,14 @@ class UpstreamConnection(asyncio.Protocol):
         self._close()
 
     def pause(self, paused: bool) -> None:
-        if self.transport is not None and self.state != CLOSED:
-            if paused:
-                self.transport.pause_reading()
-            else:
-                self.transport.resume_reading()
+        """Stop (or resume) reading while the client cannot take more."""
+        if self.transport is None or self.state == CLOSED or paused == self.paused:
+            return
+        self.paused = paused
+        if paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self.state == LENGTH:
@@ -274,6 +263,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _end(self) -> None:
         sink, self.sink, self.state = self.sink, None, IDLE
+        self.pause(False)  # an idle connection reads, so the upstream's close is seen
         if self.buffer:
             self.keep = False  # bytes past the answer: never reused
         assert sink is not None
@@ -319,44 +309,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def reusable(self) -> bool:
         return self.state == IDLE and self.keep and not self.buffer
-
-
-def parse_response_head(raw: bytes) -> ResponseHead:
-    """Parse a response head ending in CRLF CRLF (the terminator included)."""
-    if len(raw) > MAX_HEAD_BYTES:
-        raise UpstreamFailed("the upstream's response head is too large")
-    first = raw.find(b"\r\n")
-    status = _STATUS_LINE.fullmatch(raw, 0, first)
-    if status is None or raw.count(b"\n", first + 2) - 1 > MAX_HEADERS:
-        raise UpstreamFailed("the upstream sent a malformed response head")
-    if _HEADER_BLOCK.fullmatch(raw, first + 2, len(raw) - 2) is None:
-        raise UpstreamFailed("the upstream sent a malformed header line")
-    headers = []
-    for line in raw[first + 2 : -4].split(b"\r\n") if len(raw) - 4 > first + 2 else ():
-        name, _, value = line.partition(b":")
-        headers.append((name, value.strip(b" \t")))
-    return _framed(int(status[1]), status[2], tuple(headers))
-
-
-def _framed(status: int, reason: bytes, headers: tuple[tuple[bytes, bytes], ...]) -> ResponseHead:
-    lengths, codings, connection = [], [], []
-    for name, value in headers:
-        lower = name.lower()
-        if lower == b"content-length":
-            lengths.append(value)
-        elif lower == b"transfer-encoding":
-            codings.append(value.strip().lower())
-        elif lower == b"connection":
-            connection.append(value)
-    if len(lengths) > 1 or (lengths and codings) or codings not in ([], [b"chunked"]):
-        raise UpstreamFailed("the upstream's answer has ambiguous framing")
-    if lengths and _DIGITS.fullmatch(lengths[0]) is None:
-        raise UpstreamFailed("the upstream sent a malformed Content-Length")
-    bodiless = status < 200 or status in (204, 304)
-    length = 0 if bodiless else (int(lengths[0]) if lengths else None)
-    tokens = b",".join(connection).lower().split(b",") if connection else ()
-    close = b"close" in (token.strip() for token in tokens)
-    return ResponseHead(status, reason, headers, length, bool(codings) and not bodiless, close)
 
 
 class UpstreamPool:
