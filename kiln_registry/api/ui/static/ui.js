@@ -223,7 +223,8 @@
       }
       state.textContent = "refresh failed: " + err.message;
     }
-    if (mine === generation) timer = setTimeout(refresh, REFRESH_MS); // else a newer one runs
+    // A newer refresh may run already; a hidden tab stops polling until it is shown again.
+    if (mine === generation && !document.hidden) timer = setTimeout(refresh, REFRESH_MS);
   }
 
   form.addEventListener("submit", (event) => {
@@ -235,6 +236,9 @@
   $("forget").addEventListener("click", () => {
     sessionStorage.removeItem(KEY);
     askForToken("Token forgotten.");
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && timer === null && form.hidden) refresh();
   });
   refresh();
 })();
