@@ -15,7 +15,12 @@ from pathlib import Path
 
 import httpx
 
-from kiln_registry.observability.metrics import MAX_LABEL_VALUES, BoundedLabel, RegistryMetrics
+from kiln_registry.observability.metrics import (
+    MAX_LABEL_VALUES,
+    BoundedLabel,
+    RegistryMetrics,
+    StateSnapshot,
+)
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher
 from tests.jobs.harness import make_config, running_registry
@@ -121,8 +126,8 @@ def test_every_registry_counts_in_its_own_collector_registry() -> None:
     first, second = RegistryMetrics(), RegistryMetrics()  # no "duplicated timeseries" error
     first.count_registration("registered")
     first.observe_request("GET", "/health", 200, 0.001)
-    one = metric_samples(first.render(_empty_state()).decode())
-    two = metric_samples(second.render(_empty_state()).decode())
+    one = metric_samples(first.render(StateSnapshot()).decode())
+    two = metric_samples(second.render(StateSnapshot()).decode())
     assert one[("kiln_registrations_total", (("outcome", "registered"), ("rule", "none")))] == 1
     assert ("kiln_registrations_total", (("outcome", "registered"), ("rule", "none"))) not in two
     health = (("method", "GET"), ("route", "/health"), ("status", "200"))
@@ -141,9 +146,3 @@ def test_labels_from_outcomes_and_rules_are_bounded() -> None:
         label(f"rule_{n}")
     assert label("one_more_rule") == "other"  # capped: at most MAX_LABEL_VALUES series
     assert label("teacher_alias_exists") == "teacher_alias_exists"  # known values stay
-
-
-def _empty_state() -> object:
-    from kiln_registry.observability.metrics import StateSnapshot
-
-    return StateSnapshot()
