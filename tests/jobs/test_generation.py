@@ -1,0 +1,147 @@
+"""Off-policy generation jobs against the reference teacher: Kiln's format, greedy equality.
+
+The reference teacher's greedy generation must equal Transformers' greedy
+decode token for token, through the job queue; the corpus passes ``kiln
+corpus verify`` (detached signature), is cached for deterministic settings
+and written again from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln_registry.db.repository import unit_of_work
+from kiln_registry.identity.off_policy import off_policy_manifest
+from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.generation_output import signature_path
+from kiln_registry.jobs.models import GenerationCacheRow
+from kiln_registry.jobs.signing import parse_keys
+from kiln_registry.testing.tiny_models import TinyModel
+from tests.jobs.generation_harness import (
+    CHAT_MODEL_ID,
+    MESSAGES,
+    ChatTeacher,
+    add_chat_template,
+    chat_teacher,
+    submit_generation,
+)
+from tests.jobs.harness import make_config, running_registry
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Path:
+    return add_chat_template(tiny_model.path, tmp_path_factory.mktemp("chat") / "model")
+
+
+@pytest.fixture(scope="module")
+def teacher(chat_model: Path) -> Iterator[ChatTeacher]:
+    with chat_teacher(chat_model) as served:
+        yield served
+
+
+def transformers_greedy(model_dir: Path, prompt: list[int], max_tokens: int) -> list[int]:
+    """Transformers' own greedy decode (``generate``, no sampling), EOS included."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
+                                                 dtype=torch.float32)  # fmt: skip
+    model.eval()
+    eos = model.generation_config.eos_token_id
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+            eos_token_id=eos, pad_token_id=eos, attention_mask=torch.ones(1, len(prompt),
+                                                                          dtype=torch.long),
+        )  # fmt: skip
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def _corpus(reg: Any, job_id: str) -> list[dict[str, Any]]:
+    result = reg.http.get(f"/v1/jobs/{job_id}/result")
+    assert result.status_code == 200, result.text
+    lines = result.content.decode().splitlines()
+    return [json.loads(line) for line in lines[1:]]
+
+
+def test_greedy_generation_job_matches_transformers_and_verifies(
+    tmp_path: Path, chat_model: Path, teacher: ChatTeacher
+) -> None:
+    from kiln_registry.jobs.generation_sources import render, student_tokenizer
+
+    config = make_config(tmp_path, chat_model, concurrency=2)
+    with running_registry(config) as reg:
+        reg.register("ref@chat", teacher.url, CHAT_MODEL_ID)
+        prompts = [{"id": f"p{i}", "messages": m} for i, m in enumerate(MESSAGES)]
+        submitted = submit_generation(reg.http, "ref@chat", prompts=prompts, max_tokens=6, top_k=4)
+        assert submitted.status_code == 201, submitted.text
+        assert submitted.json()["kind"] == "off_policy_generation"
+        job = reg.wait(submitted.json()["id"])
+        assert job["status"] == "succeeded", job
+        assert job["generation"] == {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0,
+                                     "seed": None}  # fmt: skip
+        keys = parse_keys(reg.http.get("/v1/keys").json(), "GET /v1/keys")
+        assert config.jobs.result_root is not None
+        path = config.jobs.result_root / f"{job['id']}.jsonl"
+        summary = verify_corpus(path, keys)
+        assert summary.sequences == len(MESSAGES) and summary.job_id == job["id"]
+        assert signature_path(path).is_file()
+        examples = _corpus(reg, job["id"])
+        first = path.read_text().splitlines()[0]
+        assert first == off_policy_manifest(teacher.identity)
+        # Served again: every generation comes from the cache (greedy is deterministic).
+        again = submit_generation(reg.http, "ref@chat", prompts=prompts, max_tokens=6, top_k=4)
+        repeat = reg.wait(again.json()["id"])
+        assert repeat["progress"]["cache_hits"] == len(MESSAGES), repeat
+        assert [e["teacher_response"] for e in _corpus(reg, repeat["id"])] == [
+            e["teacher_response"] for e in examples
+        ]
+    tokenizer = student_tokenizer(chat_model)
+    assert [e["id"] for e in examples] == ["p0", "p1", "p2", "p3"]
+    for example, messages in zip(examples, MESSAGES, strict=True):
+        assert example["messages"] == messages
+        ids = example["metadata"]["completion_token_ids"]
+        prompt = render(tokenizer, messages, "test")
+        assert ids == transformers_greedy(chat_model, prompt, 6)
+        assert [t["token_id"] for t in example["teacher_tokens"]] == ids
+        for token in example["teacher_tokens"]:
+            assert len(token["top_logprobs"]) == 4
+            # Greedy: the chosen token is the teacher's best.
+            assert token["top_logprobs"][0]["token_id"] == token["token_id"]
+        assert example["teacher_response"] == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_text_only_generation_with_a_seed_and_the_cache_key(
+    tmp_path: Path, chat_model: Path, teacher: ChatTeacher
+) -> None:
+    config = make_config(tmp_path, chat_model)
+    corpus = config.jobs.corpus_root / "prompts.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"c{i}", "messages": m}) + "\n"
+                              for i, m in enumerate(MESSAGES[:2])))  # fmt: skip
+    with running_registry(config) as reg:
+        reg.register("ref@chat", teacher.url, CHAT_MODEL_ID)
+        fields = {"corpus": {"path": "prompts.jsonl"}, "max_tokens": 5, "temperature": 0.8,
+                  "seed": 7}  # fmt: skip
+        first = reg.wait(submit_generation(reg.http, "ref@chat", **fields).json()["id"])
+        assert first["status"] == "succeeded", first
+        examples = _corpus(reg, first["id"])
+        assert all("teacher_tokens" not in e for e in examples)
+        # A different seed is a different cache key; an unseeded sampled job is not cached.
+        other = reg.wait(submit_generation(reg.http, "ref@chat", **{**fields, "seed": 8})
+                         .json()["id"])  # fmt: skip
+        assert other["progress"]["cache_hits"] == 0
+        unseeded = {**fields, "seed": None}
+        free = reg.wait(submit_generation(reg.http, "ref@chat", **unseeded).json()["id"])
+        assert free["status"] == "succeeded" and free["progress"]["cache_hits"] == 0
+        with unit_of_work(reg.ctx.sessions) as session:
+            assert session.query(GenerationCacheRow).count() == 4
+        same = reg.wait(submit_generation(reg.http, "ref@chat", **fields).json()["id"])
+        assert same["progress"]["cache_hits"] == 2
+        assert _corpus(reg, same["id"]) != [] and [
+            e["metadata"]["completion_token_ids"] for e in _corpus(reg, same["id"])
+        ] == [e["metadata"]["completion_token_ids"] for e in examples]
