@@ -210,3 +210,35 @@ def test_the_fast_body_parser_agrees_with_the_strict_one(body: bytes) -> None:
     except Refusal:
         exact = Refusal
     assert fast is None or (exact is not Refusal and fast == exact)
+
+
+def test_a_client_that_reads_slowly_pauses_the_upstream_and_gets_every_byte(
+    socket_dir: Path,
+) -> None:
+    """4 MiB answers to a client that waits before reading: the gateway's buffer fills, the
+    upstream read pauses, and resumes; the connection then serves a second request."""
+    big = bytes(range(256)) * (16 << 10)
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(big)
+    request = completion(prompt=list(range(4000)), prompt_logprobs=32)
+    one = b"POST /v1/completions HTTP/1.1\r\nhost: g\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(request),
+        request,
+    )
+    config = config_for(str(socket_dir / "scripted.sock"), max_model_len=4096)
+    with (
+        scripted_upstream(socket_dir, [head, big]) as accepted,
+        running_gateway(config) as gateway,
+        socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as client,
+    ):
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        for _ in range(2):
+            client.sendall(one)
+            time.sleep(0.5)  # nothing read: the gateway has to hold back
+            expected = len(head) + len(big)
+            received = b""
+            while len(received) < expected:
+                chunk = client.recv(1 << 20)
+                assert chunk
+                received += chunk
+            assert received.endswith(big) and received.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert len(accepted) == 1
