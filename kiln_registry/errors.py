@@ -37,6 +37,9 @@ values.  This module imports only the standard library.
 
 from __future__ import annotations
 
+# Issue 15: a deleted alias is reserved; every "delete and register again" hint says so.
+RELEASE_NOTE = "(a deleted alias stays reserved until an admin runs `kiln teachers release ALIAS`)"
+
 
 class KilnError(Exception):
     """Base of every deliberate kiln-registry failure."""
@@ -149,7 +152,7 @@ class IdentityMismatch(KilnError):
 class AliasExists(KilnError):
     status = 409
     code = "teacher_alias_exists"
-    default_hint = "aliases are immutable: delete the alias and register it again"
+    default_hint = f"aliases are immutable: delete the alias and register it again {RELEASE_NOTE}"
 
 
 class TeacherLimitReached(KilnError):
@@ -162,7 +165,7 @@ class TeacherLimitReached(KilnError):
 class IdentityRequired(KilnError):
     status = 409
     code = "teacher_identity_required"
-    default_hint = "delete the alias and register it again so both probes can run"
+    default_hint = f"delete the alias and register it again so both probes can run {RELEASE_NOTE}"
 
 
 class TeacherNotFound(KilnError):

@@ -41,7 +41,7 @@ from kiln_registry.db.legacy import (
     LEGACY_STATUS_MESSAGE,
     LegacyEntry,
 )
-from kiln_registry.errors import KilnError
+from kiln_registry.errors import RELEASE_NOTE, KilnError
 from kiln_registry.identity.document import TeacherIdentity
 
 LEGACY_FIELD: Final = "api_key_env"
@@ -66,7 +66,7 @@ MAX_NOTES_CHARS: Final = 4096
 MAX_USIZE: Final = (1 << 64) - 1
 _CREDENTIAL_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _MAX_SHOWN_FIELDS: Final = 5
-_REMEDY: Final = "; delete this alias and register it again"
+_REMEDY: Final = f"; delete this alias and register it again {RELEASE_NOTE}"
 
 
 def _shown(value: str) -> str:

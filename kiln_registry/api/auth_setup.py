@@ -14,7 +14,9 @@ from fastapi import FastAPI
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.auth.cache import TokenTable
 from kiln_registry.auth.middleware import AuthMiddleware
+from kiln_registry.auth.repository import AuditBounds
 from kiln_registry.auth.store import AuthStore
+from kiln_registry.config import ServerConfig
 from kiln_registry.config_access import auth_required
 
 
@@ -25,10 +27,15 @@ def install_auth(app: FastAPI, ctx: RegistryContext) -> None:
     app.add_middleware(
         AuthMiddleware,
         table=table,
-        store=AuthStore(ctx.writing),
+        store=AuthStore(ctx.writing, audit_bounds(server)),
         metrics_public=server.metrics_public,
         secret_names=ctx.config.secret_env_names(),
     )
+
+
+def audit_bounds(server: ServerConfig) -> AuditBounds:
+    """``[server] audit_max_events`` / ``audit_retain_days`` as the repository's bounds."""
+    return AuditBounds(max_events=server.audit_max_events, retain_days=server.audit_retain_days)
 
 
 def close_auth(app: FastAPI) -> None:

@@ -31,12 +31,14 @@ from kiln_registry.api.schemas import (
     TeacherStatus,
 )
 from kiln_registry.db.models import TeacherRow
+from kiln_registry.errors import RELEASE_NOTE
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 
 LEGACY_MESSAGE = (
     "this alias was migrated from an older registry without a verified identity; delete it"
     " and register it again with a credential_id (or a loopback URL) so both probes can run"
+    f" {RELEASE_NOTE}"
 )
 
 

@@ -33,7 +33,7 @@ from kiln_registry.config import KilnConfig
 from kiln_registry.credentials.resolve import resolve_teacher_endpoint
 from kiln_registry.credentials.secrets import secret_problem
 from kiln_registry.db.models import TeacherRow
-from kiln_registry.errors import KilnError
+from kiln_registry.errors import RELEASE_NOTE, KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local.student import adapter_problem
 from kiln_registry.probe.verify import StudentView, check_student
@@ -41,11 +41,11 @@ from kiln_registry.probe.verify import StudentView, check_student
 CHANGED = "changed since registration"
 _CREDENTIAL_TODO = (
     "restore [teachers.credentials] in kiln.toml and restart the registry, or delete the alias"
-    " and register it again"
+    f" and register it again {RELEASE_NOTE}"
 )
 _STUDENT_TODO = (
     "serve the student this alias was registered against, or delete the alias and register a"
-    " teacher that matches the loaded student"
+    f" teacher that matches the loaded student {RELEASE_NOTE}"
 )
 _ENV_TODO = "export it in the registry server's environment and restart the registry"
 

@@ -60,6 +60,7 @@ from kiln_registry.credentials.resolve import ResolvedTeacher, resolve_teacher_e
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository
 from kiln_registry.errors import (
+    RELEASE_NOTE,
     AliasExists,
     IdentityRequired,
     KilnError,
@@ -318,11 +319,14 @@ def delete_teacher(ctx: RegistryContext, alias: str) -> DeleteTeacherResponse:
     """Stop the alias's local teacher, if one runs here, then remove the alias."""
     from kiln_registry.local import service as local  # local imports this module
 
+    cap = ctx.config.server.max_reserved_aliases
+    with ctx.reading() as session:  # a full reservation table refuses before anything stops
+        ReservedAliases(session).require_room(cap)
     local.stop_before_delete(ctx, alias)
     with ctx.writing() as session:
         if not TeacherRepository(session).delete(alias):
             raise TeacherNotFound(f"teacher alias {alias!r} is not registered")
-        ReservedAliases(session).reserve(alias)  # until an admin releases it (issue 15)
+        ReservedAliases(session).reserve(alias, limit=cap)  # until an admin frees it (issue 15)
     return DeleteTeacherResponse(alias=alias)
 
 
@@ -338,7 +342,7 @@ def require_identity(row: TeacherRow) -> TeacherIdentity:
     if identity is None or row.status == TeacherStatus.legacy_unverified.value:
         raise IdentityRequired(
             f"teacher alias {row.alias!r} has no verified identity",
-            hint="delete the alias and register it again with fresh probes",
+            hint=f"delete the alias and register it again with fresh probes {RELEASE_NOTE}",
         )
     return identity
 
@@ -347,7 +351,7 @@ def _reprobe_message(ctx: RegistryContext, alias: str, exc: KilnError) -> str:
     text = redact_text(f"{exc.code}: {exc.message}", ctx.config.secret_env_names())
     return (
         f"{REPROBE_FAILED} ({text}); POST /v1/teachers/{alias}/probe again once the teacher"
-        " answers as registered, or delete the alias and register it again"
+        f" answers as registered, or delete the alias and register it again {RELEASE_NOTE}"
     )
 
 

@@ -18,8 +18,11 @@ caps read it there.)
 Every state change (any method but GET/HEAD/OPTIONS) that passes the check is
 written to ``audit_events`` before its last response byte is sent: token
 name, action (``auth.scopes.audit_action``), alias or job id, outcome
-(``ok`` < 400, ``refused`` < 500, else ``failed``) and status.  Requests
-refused with 401 are not recorded (an anonymous caller could grow the table).
+(``ok`` < 400, ``refused`` < 500, else ``failed``) and status.  A request
+whose handler raised before its response was complete (a crash) is recorded
+as ``failed`` with status 500 before the exception goes on to the server's
+error handler.  Requests refused with 401 are not recorded (an anonymous
+caller could grow the table).
 Last-used times are written in batches (``TokenTable.due_last_used``).
 Imports the standard library, anyio and the ``auth`` package.
 """
@@ -165,6 +168,7 @@ class AuthMiddleware:
         request_body = bytearray()
         response_body = bytearray()
         status = [500]
+        recorded = [False]
 
         async def capture_receive() -> Message:
             message = await receive()
@@ -179,12 +183,19 @@ class AuthMiddleware:
                 if len(response_body) < MAX_CAPTURE:
                     response_body.extend(message.get("body", b"")[:MAX_CAPTURE])
                 if not message.get("more_body", False):
+                    recorded[0] = True
                     await self._audit(
                         scope, bytes(request_body), status[0], identity, bytes(response_body)
                     )
             await send(message)
 
-        await self._app(scope, capture_receive, audit_send)
+        try:
+            await self._app(scope, capture_receive, audit_send)
+        except Exception:
+            if not recorded[0]:  # the handler crashed: the state change is recorded as failed
+                recorded[0] = True
+                await self._audit(scope, bytes(request_body), 500, identity, None)
+            raise
 
     async def _audit(
         self,

@@ -10,10 +10,11 @@ Imports: SQLAlchemy, ``auth.models``, ``auth.tokens`` and ``db.models``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
-from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,6 +31,9 @@ from kiln_registry.errors import InputError, KilnError
 MAX_TOKENS: Final = 1000
 MAX_AUDIT_LIMIT: Final = 1000
 MAX_TARGET_CHARS: Final = 512
+DEFAULT_MAX_EVENTS: Final = 1_000_000
+DEFAULT_MAX_RESERVED: Final = 100_000
+PRUNE_PEEK: Final = 256  # oldest events looked at per write for audit_retain_days
 TOKENS_SNAPSHOT: Final = "SELECT name, digest, scopes, expires_at FROM api_tokens LIMIT 1001"
 TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 
@@ -101,9 +105,25 @@ class TokenRepository:
             )
 
 
+class ReservedAliasesFull(KilnError):
+    status = 409
+    code = "reserved_aliases_full"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditBounds:
+    """``[server] audit_max_events`` and ``audit_retain_days``: how much audit log is kept."""
+
+    max_events: int = DEFAULT_MAX_EVENTS
+    retain_days: int | None = None
+
+
 class AuditRepository:
-    def __init__(self, session: Session) -> None:
+    """Audit events.  Every write also drops the events past ``bounds`` (bounded work)."""
+
+    def __init__(self, session: Session, bounds: AuditBounds | None = None) -> None:
         self._session = session
+        self._bounds = bounds or AuditBounds()
 
     def record(
         self,
@@ -114,16 +134,32 @@ class AuditRepository:
         outcome: str,
         status: int | None = None,
     ) -> None:
-        self._session.add(
-            AuditEventRow(
-                at=utc_timestamp(),
-                token_name=token_name,
-                action=action,
-                target=None if target is None else target[:MAX_TARGET_CHARS],
-                outcome=outcome,
-                status=status,
-            )
+        row = AuditEventRow(
+            at=utc_timestamp(),
+            token_name=token_name,
+            action=action,
+            target=None if target is None else target[:MAX_TARGET_CHARS],
+            outcome=outcome,
+            status=status,
         )
+        self._session.add(row)
+        self._session.flush()
+        self._prune(row.id)
+
+    def _prune(self, newest: int) -> None:
+        """Keep at most ``max_events`` (ids never repeat) and none past ``retain_days``."""
+        self._session.execute(
+            delete(AuditEventRow).where(AuditEventRow.id <= newest - self._bounds.max_events)
+        )
+        if self._bounds.retain_days is None:
+            return
+        cutoff = datetime.now(UTC) - timedelta(days=self._bounds.retain_days)
+        oldest = self._session.execute(
+            select(AuditEventRow.id, AuditEventRow.at).order_by(AuditEventRow.id).limit(PRUNE_PEEK)
+        ).all()
+        expired = [i for i, at in oldest if at < cutoff.strftime(TIME_FORMAT) and i != newest]
+        if expired:
+            self._session.execute(delete(AuditEventRow).where(AuditEventRow.id.in_(expired)))
 
     def list_events(self, *, limit: int, before: int | None = None) -> list[AuditEventRow]:
         """Newest first; ``before`` (an event id) pages back."""
@@ -139,10 +175,27 @@ class ReservedAliases:
     def __init__(self, session: Session) -> None:
         self._session = session
 
-    def reserve(self, alias: str) -> None:
-        if self._session.get(ReservedAliasRow, alias) is None:
-            self._session.add(ReservedAliasRow(alias=alias, reserved_at=utc_timestamp()))
-            self._session.flush()
+    def reserve(self, alias: str, *, limit: int = DEFAULT_MAX_RESERVED) -> None:
+        """Reserve a deleted alias; ``ReservedAliasesFull`` when ``limit`` are reserved."""
+        if self._session.get(ReservedAliasRow, alias) is not None:
+            return
+        self.require_room(limit)
+        self._session.add(ReservedAliasRow(alias=alias, reserved_at=utc_timestamp()))
+        self._session.flush()
+
+    def require_room(self, limit: int) -> None:
+        """``ReservedAliasesFull`` unless fewer than ``limit`` aliases are reserved."""
+        held = self._session.scalar(
+            select(func.count()).select_from(select(ReservedAliasRow.alias).limit(limit).subquery())
+        )
+        if (held or 0) >= limit:
+            raise ReservedAliasesFull(
+                f"{limit} deleted aliases are reserved already ([server] max_reserved_aliases);"
+                " the alias was not deleted",
+                rule="alias.reserved_full",
+                hint="an admin can free deleted aliases with `kiln teachers release ALIAS`,"
+                " or raise [server] max_reserved_aliases",
+            )
 
     def is_reserved(self, alias: str) -> bool:
         return self._session.get(ReservedAliasRow, alias) is not None

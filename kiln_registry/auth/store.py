@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from kiln_registry.auth.repository import AuditRepository, TokenRepository
+from kiln_registry.auth.repository import AuditBounds, AuditRepository, TokenRepository
 
 log = logging.getLogger("kiln_registry.auth")
 
@@ -24,8 +24,9 @@ Writing = Callable[[], AbstractContextManager[Session]]
 
 
 class AuthStore:
-    def __init__(self, writing: Writing) -> None:
+    def __init__(self, writing: Writing, bounds: AuditBounds | None = None) -> None:
         self._writing = writing
+        self._bounds = bounds
 
     def audit(
         self,
@@ -38,7 +39,7 @@ class AuthStore:
     ) -> None:
         try:
             with self._writing() as session:
-                AuditRepository(session).record(
+                AuditRepository(session, self._bounds).record(
                     token_name=token_name,
                     action=action,
                     target=target,

@@ -1,6 +1,6 @@
 """``kiln jobs ...`` and ``kiln cache ...`` (``kiln corpus verify`` is ``cli.corpus_cmds``).
 
-``jobs submit|list|show|cancel|result`` talk to the registry (``--server URL``,
+``jobs submit|list|show|cancel|delete|result`` talk to the registry (``--server URL``,
 else ``$KILN_SERVER``, else ``http://127.0.0.1:8420``) through
 ``RegistryClient``; ``show --follow`` waits with ``wait_job`` and redraws a
 progress bar while stdout is a terminal, one line per change otherwise.
@@ -156,6 +156,16 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        done = client.delete_job(args.job_id)
+    if args.json:
+        sys.stdout.write(done.model_dump_json(indent=2) + "\n")
+    else:
+        print(f"deleted {done.id} (its sequences and result file)")
+    return 0
+
+
 def _result(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if args.output is not None:
@@ -280,6 +290,11 @@ def _register_jobs(sub: SubParsers) -> None:
     p = group.add_parser("cancel", help="cancel a queued or running job", parents=[common])
     p.add_argument("job_id")
     p.set_defaults(func=_cancel)
+    p = group.add_parser(
+        "delete", help="delete a finished job and its result (cancel it first)", parents=[common]
+    )
+    p.add_argument("job_id")
+    p.set_defaults(func=_delete)
     p = group.add_parser("result", help="download a job's corpus", parents=[common])
     p.add_argument("job_id")
     p.add_argument(

@@ -1,8 +1,10 @@
 """The options of every ``kiln`` command that talks to a registry server.
 
 Owns ``--server URL`` (else ``$KILN_SERVER``, else the client's default),
-``--token-env NAME`` / ``--ca-file PEM`` (token from $NAME, else $KILN_TOKEN;
-``client_access`` gives the client's keyword arguments), ``--json`` and
+``--token-env NAME`` / ``--ca-file PEM`` (token from $NAME, else $KILN_TOKEN),
+``--client-cert-file``/``--client-key-file`` (mutual TLS; else
+$KILN_CLIENT_CERT_FILE/$KILN_CLIENT_KEY_FILE; ``client_access`` gives the
+client's keyword arguments), ``--json`` and
 ``--timeout SECONDS`` (in (0, 3600], default 60) as one argparse
 parent parser, the ``seconds`` and ``number`` argument types, and
 ``server_url`` (which URL a parsed command talks to).
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_registry.client import DEFAULT_SERVER
-from kiln_registry.client_tls import TOKEN_ENV, token_from_env
+from kiln_registry.client_tls import CERT_ENV, KEY_ENV, TOKEN_ENV, client_cert_from, token_from_env
 
 SERVER_ENV = "KILN_SERVER"
 MAX_TIMEOUT_SECONDS = 3600
@@ -74,11 +76,26 @@ def add_access_options(parser: argparse.ArgumentParser) -> None:
         metavar="PEM",
         help="verify an https registry against this CA (default: the system store)",
     )
+    parser.add_argument(
+        "--client-cert-file",
+        type=Path,
+        metavar="PEM",
+        help=f"mutual TLS: present this client certificate (default: ${CERT_ENV} when set)",
+    )
+    parser.add_argument(
+        "--client-key-file",
+        type=Path,
+        metavar="PEM",
+        help=f"its private key (default: ${KEY_ENV}, else the certificate file)",
+    )
 
 
 def client_access(args: argparse.Namespace) -> dict[str, Any]:
-    """The token and CA keyword arguments of ``RegistryClient`` for a parsed command."""
+    """The token, CA and client-certificate arguments of ``RegistryClient`` for a command."""
+    cert = getattr(args, "client_cert_file", None)
+    key = getattr(args, "client_key_file", None)
     return {
         "token": token_from_env(getattr(args, "token_env", None), os.environ),
         "ca_file": getattr(args, "ca_file", None),
+        "client_cert": client_cert_from(cert, key, os.environ),
     }

@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.auth.repository import AuditRepository, TokenRepository
+from sqlalchemy.orm import Session
+
+from kiln_registry.auth.repository import AuditBounds, AuditRepository, TokenRepository
 from kiln_registry.auth.tokens import SCOPES, check_scopes
 from kiln_registry.config import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
@@ -35,15 +37,22 @@ def _sessions(config_path: Path) -> Any:
     return engine, session_factory(engine)
 
 
+def _audit(session: Session, config_path: Path, action: str, name: str) -> None:
+    """One audit row, kept within ``[server] audit_max_events`` / ``audit_retain_days``."""
+    server = load_config(config_path).server
+    bounds = AuditBounds(max_events=server.audit_max_events, retain_days=server.audit_retain_days)
+    AuditRepository(session, bounds).record(
+        token_name=None, action=action, target=name, outcome="ok"
+    )
+
+
 def _create(args: argparse.Namespace) -> int:
     scopes = check_scopes(args.scope)
     engine, sessions = _sessions(args.config)
     try:
         with unit_of_work(sessions) as session:
             token = TokenRepository(session).create(args.name, scopes, args.expires_in)
-            AuditRepository(session).record(
-                token_name=None, action="token.create", target=args.name, outcome="ok"
-            )
+            _audit(session, args.config, "token.create", args.name)
     finally:
         engine.dispose()
     if args.json:
@@ -87,9 +96,7 @@ def _revoke(args: argparse.Namespace) -> int:
     try:
         with unit_of_work(sessions) as session:
             TokenRepository(session).revoke(args.name)
-            AuditRepository(session).record(
-                token_name=None, action="token.revoke", target=args.name, outcome="ok"
-            )
+            _audit(session, args.config, "token.revoke", args.name)
     finally:
         engine.dispose()
     print(f"revoked {args.name}")

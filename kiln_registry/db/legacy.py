@@ -66,7 +66,8 @@ _SHOWN_CHARS: Final = 64
 # An imported entry without an authoritative identity (and without api_key_env).
 LEGACY_NO_IDENTITY_MESSAGE: Final = (
     "imported from a Kiln teachers.json without an authoritative identity; delete this alias"
-    " and register it again so both identity probes can run"
+    " and register it again so both identity probes can run (a deleted alias stays reserved"
+    " until an admin runs `kiln teachers release ALIAS`)"
 )
 
 

@@ -108,7 +108,7 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
     if not usable:
         raise IdentityRequired(
             f"teacher alias {alias!r} has no verified, usable identity (status {row.status})",
-            hint="delete the alias and register it again so both probes can run",
+            hint=IdentityRequired.default_hint,
         )
     assert row.identity_json and row.identity_digest and row.url and row.model_id
     identity = TeacherIdentity.from_mapping(json.loads(row.identity_json))

@@ -42,6 +42,7 @@ from typing import Protocol
 
 from kiln_registry.config import LocalTeacherConfig
 from kiln_registry.errors import (
+    RELEASE_NOTE,
     IdentityMismatch,
     KilnError,
     LauncherError,
@@ -314,7 +315,7 @@ class LocalTeachers:
                     "different teacher identity than the stored one",
                     rule="local.relaunch_identity",
                     hint="restore the model, runtime and profile it was registered with, or "
-                    "delete the alias and register it again",
+                    f"delete the alias and register it again {RELEASE_NOTE}",
                 )
             handle = prepared.spawn()
         except BaseException:

@@ -79,7 +79,9 @@ REGISTER = error_responses(
 )
 LIST_TEACHERS = error_responses({400: ("invalid_request",)})  # a bad limit or cursor
 GET_TEACHER = error_responses({404: ("teacher_not_found",)})
-DELETE_TEACHER = error_responses({404: ("teacher_not_found",), 409: ("teacher_launch_conflict",)})
+DELETE_TEACHER = error_responses(
+    {404: ("teacher_not_found",), 409: ("teacher_launch_conflict", "reserved_aliases_full")}
+)
 PROBE_TEACHER = error_responses(
     {
         400: ("teacher_registration_invalid",),

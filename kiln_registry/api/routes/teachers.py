@@ -142,5 +142,11 @@ async def get_teacher(alias: Alias, ctx: Ctx) -> Response:
     responses=errors.DELETE_TEACHER,
 )
 async def delete_teacher(alias: Alias, ctx: Ctx) -> DeleteTeacherResponse:
-    """Remove the alias (its receipts stay); register it again to change the deployment."""
+    """Remove the alias (its receipts stay); it stays reserved until an admin releases it.
+
+    To change the deployment behind an alias: delete it, have an admin run
+    `kiln teachers release ALIAS` (`POST /v1/admin/aliases/{alias}/release`), then
+    register it again.  A full reservation table (`[server] max_reserved_aliases`) is
+    `409 reserved_aliases_full` and deletes nothing.
+    """
     return await run_in_threadpool(service.delete_teacher, ctx, alias)
