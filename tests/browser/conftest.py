@@ -101,7 +101,8 @@ def page(browser: Any) -> Iterator[tuple[Any, PageLog]]:
 class Live:
     registry: Registry
     gate: ScoringGate
-    token: str  # read, register, jobs
+    token: str  # read, register, jobs: the test's own API calls
+    reader: str  # read only: what the pages are given
     teacher_url: str
 
     @property
@@ -141,8 +142,11 @@ def live(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Ite
     gate = ScoringGate(create_reference_app(teacher, api_key_env=None))
     config = _config(directory, tiny_model.path)
     token = create_token(directory / "registry.db", "operator", {"read", "register", "jobs"})
+    reader = create_token(directory / "registry.db", "reader", {"read"})
     with serve_app(gate) as teacher_url, running_registry(config) as registry:
-        live = Live(registry=registry, gate=gate, token=token, teacher_url=teacher_url)
+        live = Live(
+            registry=registry, gate=gate, token=token, reader=reader, teacher_url=teacher_url
+        )
         with live.api() as http:
             body = {"alias": ALIAS, "kind": "remote", "provider": "vllm", "model_id": MODEL_ID,
                     "url": teacher_url, "notes": "the reference teacher"}  # fmt: skip

@@ -82,7 +82,7 @@ def test_dashboard_shows_teachers_receipts_and_a_job_progressing(
 ) -> None:
     tab, log = page
     tab.goto(live.url + "/ui")
-    enter_token(tab, live.token)
+    enter_token(tab, live.reader)
     row = tab.locator("#teachers tbody tr", has=tab.locator(f"button:text-is('{ALIAS}')"))
     expect(row.locator("td").nth(6)).to_have_text("passed", timeout=30_000)
     with live.api() as http:
@@ -123,7 +123,7 @@ def test_html_in_aliases_and_notes_is_shown_as_text(
         assert answer.status_code == 200, answer.text
     tab, log = page
     tab.goto(live.url + "/ui")
-    enter_token(tab, live.token)
+    enter_token(tab, live.reader)
     button = tab.get_by_role("button", name=HOSTILE_ALIAS, exact=True)
     button.wait_for()
     row = tab.locator("#teachers tbody tr", has=button)
@@ -143,7 +143,7 @@ def test_the_policy_blocks_injected_markup_that_would_run(
     """Defence in depth: even markup written as HTML could not run a handler or a script."""
     tab, _ = page
     tab.goto(live.url + "/ui")
-    enter_token(tab, live.token)
+    enter_token(tab, live.reader)
     tab.locator("#teachers tbody tr").first.wait_for()
     tab.evaluate(
         """() => document.body.insertAdjacentHTML("beforeend",

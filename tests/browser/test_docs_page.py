@@ -23,7 +23,7 @@ def test_docs_render_every_operation_and_try_it_out_lists_the_teachers(
 ) -> None:
     tab, log = page
     tab.goto(live.url + "/docs")
-    enter_token(tab, live.token)
+    enter_token(tab, live.reader)
     tab.locator(".swagger-ui .opblock").first.wait_for()
     for operation in OPERATIONS:
         assert tab.locator(f".opblock-summary-operation-id:text-is('{operation}')").count() == 1
@@ -42,6 +42,6 @@ def test_docs_render_every_operation_and_try_it_out_lists_the_teachers(
     tab.screenshot(path=str(tmp_path / "docs.png"), full_page=False)
 
     sent = [h for url, h in log.requests if url.startswith(live.url + "/v1/teachers")]
-    assert sent and all(h.get("authorization") == f"Bearer {live.token}" for h in sent)
+    assert sent and all(h.get("authorization") == f"Bearer {live.reader}" for h in sent)
     assert all(url.startswith(live.url + "/") for url, _ in log.requests), log.requests
     assert log.problems == [] and csp_violations(tab) == []
