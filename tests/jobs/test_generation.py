@@ -49,8 +49,9 @@ def transformers_greedy(model_dir: Path, prompt: list[int], max_tokens: int) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
-                                                 dtype=torch.float32)  # fmt: skip
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir, local_files_only=True, dtype=torch.float32
+    )
     model.eval()
     eos = model.generation_config.eos_token_id
     with torch.no_grad():
@@ -120,7 +121,7 @@ def test_text_only_generation_with_a_seed_and_the_cache_key(
     tmp_path: Path, chat_model: Path, teacher: ChatTeacher
 ) -> None:
     config = make_config(tmp_path, chat_model)
-    corpus = config.jobs.corpus_root / "prompts.jsonl"
+    corpus = tmp_path / "corpora" / "prompts.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"c{i}", "messages": m}) + "\n"
                               for i, m in enumerate(MESSAGES[:2])))  # fmt: skip
     with running_registry(config) as reg:
