@@ -12,6 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from playwright.sync_api import expect
+
+from kiln_registry.testing.tiny_models import TinyModel
+from tests.api.support import run_registry, write_config
 from tests.browser.conftest import ALIAS, Live, PageLog, csp_violations, enter_token
 
 OPERATIONS = ("listTeachers", "registerTeacher", "getTeacher", "listTeacherReceipts",
@@ -45,3 +49,19 @@ def test_docs_render_every_operation_and_try_it_out_lists_the_teachers(
     assert sent and all(h.get("authorization") == f"Bearer {live.reader}" for h in sent)
     assert all(url.startswith(live.url + "/") for url, _ in log.requests), log.requests
     assert log.problems == [] and csp_violations(tab) == []
+
+
+def test_with_auth_off_the_pages_ask_for_no_token(
+    tiny_model: TinyModel, page: tuple[Any, PageLog], tmp_path: Path
+) -> None:
+    tab, log = page
+    config = write_config(tmp_path, student=tiny_model.path, server={"auth": "off"})
+    with run_registry(config) as registry:
+        tab.goto(registry.url + "/docs")
+        tab.locator(".swagger-ui .opblock").first.wait_for()
+        assert tab.locator("#token-form").is_hidden()
+        tab.goto(registry.url + "/ui")
+        expect(tab.locator("#teachers tbody td.empty")).to_have_text("no teachers registered")
+        expect(tab.locator("#jobs tbody td.empty")).to_have_text("no jobs")
+        assert tab.locator("#token-form").is_hidden() and tab.locator("#forget").is_hidden()
+    assert log.messages == [] and csp_violations(tab) == []
