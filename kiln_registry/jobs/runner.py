@@ -27,6 +27,7 @@ from kiln_registry.credentials.resolve import resolve_teacher_endpoint
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotRegistered
+from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.jobs.generation import GenerationPipeline
 from kiln_registry.jobs.models import JobRow
@@ -168,7 +169,8 @@ class JobRun:
         found = verify_fingerprint(report.fingerprint)
         if found.canonical_bytes() != identity.canonical_bytes():
             raise IdentityMismatch(
-                f"the probed identity {found.revision()} is not the pinned {identity.revision()}",
+                f"the probed identity {found.revision()} is not the pinned {identity.revision()};"
+                f" {mismatch_detail(identity, found)}",
                 rule="job.identity_changed",
             )
         await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())

@@ -61,6 +61,17 @@ PROGRESS_INTERVAL_S = 1.0
 StatusSink = Callable[[str], None]
 
 
+def _identity_change(expected: str, found: str) -> str:
+    """Which identity fields differ between two fingerprints the launcher produced."""
+    from kiln_registry.identity.diff import mismatch_detail
+    from kiln_registry.identity.fingerprint import verify_fingerprint
+
+    try:
+        return mismatch_detail(verify_fingerprint(expected), verify_fingerprint(found))
+    except KilnError:
+        return "the stored fingerprint could not be compared field by field"
+
+
 class RunningTeacher(Protocol):
     """A spawned teacher (the launcher's ``LaunchedTeacher``)."""
 
@@ -312,7 +323,8 @@ class LocalTeachers:
             if expected is not None and prepared.fingerprint != expected:
                 raise IdentityMismatch(
                     f"relaunching {slot.alias!r} from profile {slot.profile!r} produced a "
-                    "different teacher identity than the stored one",
+                    "different teacher identity than the stored one; "
+                    + _identity_change(expected, prepared.fingerprint),
                     rule="local.relaunch_identity",
                     hint="restore the model, runtime and profile it was registered with, or "
                     f"delete the alias and register it again {RELEASE_NOTE}",
