@@ -177,7 +177,40 @@ def test_mutual_tls_requires_the_client_certificate(
             pytest.raises(RegistryClientError) as refused,
         ):
             client.list_teachers()
-        assert refused.value.code == "registry_unreachable"
+        assert refused.value.code == "registry_client_certificate_required"
+        assert "--client-cert-file" in str(refused.value.hint)
+        _cli_under_mutual_tls(url, token, pki)
+    assert token not in served.output()
+
+
+def _kiln(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kiln_registry.cli.main", *argv],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _cli_under_mutual_tls(url: str, token: str, pki: Pki) -> None:
+    """``kiln teachers list`` with the certificate by option or variable; without: a clear error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env["KILN_OPS_TOKEN"] = token
+    base = ["teachers", "list", "--server", url, "--ca-file", str(pki.ca_pem),
+            "--token-env", "KILN_OPS_TOKEN", "--json"]  # fmt: skip
+    by_option = _kiln(env, *base, "--client-cert-file", str(pki.client),
+                      "--client-key-file", str(pki.client))  # fmt: skip
+    assert by_option.returncode == 0, by_option.stderr
+    by_env = _kiln({**env, "KILN_CLIENT_CERT_FILE": str(pki.client)}, *base)
+    assert by_env.returncode == 0, by_env.stderr
+    without = _kiln(env, *base)
+    assert without.returncode == 2, without.stderr
+    assert "registry_client_certificate_required" in without.stderr or (
+        "client certificate" in without.stderr
+    ), without.stderr
+    assert "--client-cert-file" in without.stderr and "Traceback" not in without.stderr
+    key_only = _kiln(env, *base, "--client-key-file", str(pki.client))
+    assert key_only.returncode == 2 and "client.client_cert" in key_only.stderr, key_only.stderr
+    for done in (by_option, by_env, without, key_only):
+        assert token not in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("broken", ["cert", "key", "client_ca", "missing"])
