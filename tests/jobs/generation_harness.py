@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi import FastAPI, Request, Response
 
 from kiln_registry.identity.document import TeacherIdentity
 from tests.helpers import serve_app
@@ -75,8 +76,6 @@ def rewriting_proxy(upstream: str, rewrite: Rewrite) -> Iterator[str]:
 
     Generation requests are the ones asking ``return_token_ids``; probes pass unchanged.
     """
-    from fastapi import FastAPI, Request, Response
-
     app = FastAPI(openapi_url=None)
     count = [0]
 
