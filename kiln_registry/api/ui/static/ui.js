@@ -92,6 +92,16 @@
     return revision ? revision.replace(/^sha256:/, "").slice(0, 16) : null;
   }
 
+  function statusCell(entry) {
+    const wrap = document.createElement("span");
+    wrap.appendChild(badge(entry.status));
+    if (entry.status_message) {
+      // A local teacher's launch progress, or why the alias is unavailable.
+      wrap.appendChild(el("small", entry.status_message, "message"));
+    }
+    return wrap;
+  }
+
   function teacherRow(entry, last) {
     const alias = entry.spec.alias;
     const button = el("button", alias, "alias");
@@ -104,12 +114,12 @@
     const tr = row([
       button,
       entry.spec.kind,
-      badge(entry.status),
+      statusCell(entry),
       badge(entry.usable ? "yes" : "no"),
       mono(short(entry.identity_revision)),
       mono(last ? last.created_at : null),
       last ? badge(last.outcome) : "-",
-      entry.spec.notes || entry.status_message || "",
+      entry.spec.notes || "",
     ]);
     tr.dataset.alias = alias;
     if (alias === selected) tr.classList.add("selected");
