@@ -143,14 +143,23 @@ def _tls_config(tmp_path: Path, model: Path, pki: Pki, *, mutual: bool) -> Path:
 def test_tls_serving_with_a_token(tmp_path: Path, tiny_model: TinyModel, pki: Pki) -> None:
     config = _tls_config(tmp_path, tiny_model.path, pki, mutual=False)
     token = create_token(tmp_path / "registry.db", "ops", {"read"})
+    deployer = create_token(tmp_path / "registry.db", "deployer", {"register"})
     with serve(config, host="127.0.0.1") as served:
         url = f"https://localhost:{served.port}"
         with RegistryClient(url, token=token, ca_file=pki.ca_pem, timeout=10) as client:
             wait_up(served, client.health)
             assert client.list_teachers() == []
-        # Plain HTTP to the TLS port: a transport error, no answer, no token accepted.
-        with httpx.Client(trust_env=False, timeout=5) as http, pytest.raises(httpx.HTTPError):
-            http.get(f"http://127.0.0.1:{served.port}/v1/teachers", headers=bearer(token))
+        # Plain HTTP to the TLS port: a transport error, no answer, no token accepted,
+        # and a state change sent that way changes nothing.
+        plain = f"http://127.0.0.1:{served.port}/v1/teachers"
+        with httpx.Client(trust_env=False, timeout=5) as http:
+            with pytest.raises(httpx.HTTPError):
+                http.get(plain, headers=bearer(token))
+            body = {"alias": "plain", "kind": "fixture", "model_id": "m"}
+            with pytest.raises(httpx.HTTPError):
+                http.post(plain, json=body, headers=bearer(deployer))
+        with RegistryClient(url, token=token, ca_file=pki.ca_pem, timeout=10) as client:
+            assert client.list_teachers() == []
         # The system store does not know the throwaway CA.
         with (
             RegistryClient(url, token=token, timeout=10) as client,
@@ -158,7 +167,8 @@ def test_tls_serving_with_a_token(tmp_path: Path, tiny_model: TinyModel, pki: Pk
         ):
             client.list_teachers()
         assert refused.value.code == "registry_unreachable"
-    assert token not in served.output()
+        assert "--ca-file" in str(refused.value.hint)
+    assert token not in served.output() and deployer not in served.output()
 
 
 def test_mutual_tls_requires_the_client_certificate(
