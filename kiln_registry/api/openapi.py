@@ -76,6 +76,7 @@ def corrected(schema: dict[str, Any]) -> dict[str, Any]:
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             if isinstance(operation, dict):
+                _describe(operation)
                 _add_examples(operation)
     _integer_bounds(schema)
     return schema
@@ -83,6 +84,14 @@ def corrected(schema: dict[str, Any]) -> dict[str, Any]:
 
 NDJSON = "application/x-ndjson"
 REF = "#/components/schemas/"
+# Query and path parameters the routes declare without a description (shared meanings).
+PARAMETER_DESCRIPTIONS = {
+    "limit": "Page size: at most this many items (1..=1000).",
+    "cursor": "`next_cursor` of the previous page, unchanged; omit for the first page.",
+    "status": "Only jobs with this status.",
+    "before": "Only events older than this event id.",
+    "alias": "The teacher alias, percent-encoded as one path segment (`/` as `%2F`).",
+}
 
 
 def _add_line_schemas(components: dict[str, Any]) -> None:
@@ -97,6 +106,23 @@ def _add_line_schemas(components: dict[str, Any]) -> None:
 def _ref_name(media: dict[str, Any]) -> str | None:
     ref = media.get("schema", {}).get("$ref", "")
     return ref.removeprefix(REF) if ref.startswith(REF) else None
+
+
+# Operations whose handlers carry no docstring.
+OPERATION_DESCRIPTIONS = {
+    "health": "Liveness: `ok` while the process serves (no token needed).",
+    "ready": "Readiness: the database revision, the number of aliases, the last legacy import.",
+    "metrics": "Prometheus metrics in the text exposition format.",
+    "getJob": "One job: status, progress, timestamps of each phase, error or result.",
+}
+
+
+def _describe(operation: dict[str, Any]) -> None:
+    if not operation.get("description") and operation.get("operationId") in OPERATION_DESCRIPTIONS:
+        operation["description"] = OPERATION_DESCRIPTIONS[operation["operationId"]]
+    for parameter in operation.get("parameters", []):
+        if not parameter.get("description") and parameter.get("name") in PARAMETER_DESCRIPTIONS:
+            parameter["description"] = PARAMETER_DESCRIPTIONS[parameter["name"]]
 
 
 def _add_examples(operation: dict[str, Any]) -> None:

@@ -68,6 +68,17 @@ def test_every_property_has_a_description(document: dict[str, Any]) -> None:
     assert missing == []
 
 
+def test_every_parameter_and_operation_is_described(document: dict[str, Any]) -> None:
+    missing = [
+        f"{method} {path} {parameter['name']}"
+        for path, operations in document["paths"].items()
+        for method, op in operations.items()
+        for parameter in [*op.get("parameters", []), {"name": "(operation)", **op}]
+        if not parameter.get("description")
+    ]
+    assert missing == []
+
+
 def test_every_body_has_an_example(document: dict[str, Any]) -> None:
     missing = [where for where, media in _media(document) if not media.get("example")
                and not media.get("examples")]  # fmt: skip
