@@ -134,8 +134,8 @@ def _add_examples(operation: dict[str, Any]) -> None:
                 kind: {"summary": kind, "value": examples[ref.removeprefix(REF)]}
                 for kind, ref in mapping.items()
             }
-        elif (name := _ref_name(media)) in examples:
-            media["example"] = examples[name]
+        elif (name := _ref_name(media)) in examples:  # named: callers may add their own
+            media["examples"] = {name: {"summary": name, "value": examples[name]}}
     for response in operation.get("responses", {}).values():
         codes = response.get("x-kiln-error-codes")
         for media_type, media in response.get("content", {}).items():
