@@ -1,8 +1,8 @@
 """Which scope each route needs, and which audit action a state change is.
 
 ``required_scope(method, path)`` is the one table the auth middleware reads:
-``None`` for ``/health`` and the browser pages' fixed files (``/docs``,
-``/ui``, ``/assets/<name>``: static shells without data, always open),
+``None`` for ``/health`` and the browser pages' fixed files (``/`` redirecting
+to ``/ui``, ``/docs``, ``/ui``, ``/assets/<name>``: no data, always open),
 ``read`` for GET routes, receipts and job status, ``register`` for
 registering, deleting, probing and launching teachers, ``jobs`` for
 submitting, cancelling, deleting jobs and fetching results, ``admin`` for the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Final
 
-OPEN_PATHS: Final = frozenset({"/health", "/docs", "/ui"})
+OPEN_PATHS: Final = frozenset({"/health", "/", "/docs", "/ui"})
 ASSETS: Final = "/assets/"  # the pages' files (api.ui): open for GET/HEAD only
 METRICS_PATHS: Final = frozenset({"/ready", "/metrics"})
 READ_PATHS: Final = frozenset({"/v1/keys", "/openapi.json"})

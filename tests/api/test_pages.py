@@ -56,6 +56,14 @@ def test_pages_are_open_static_shells_with_a_strict_policy(
         assert src.startswith("/"), src
 
 
+def test_the_root_leads_to_the_dashboard(secured: tuple[RegistryServer, str]) -> None:
+    registry, _ = secured
+    with registry.client() as http:
+        answer = http.get("/")
+    assert answer.status_code == 307 and answer.headers["location"] == "/ui"
+    assert answer.headers["content-security-policy"] == CSP
+
+
 def test_every_asset_is_served_without_a_token(secured: tuple[RegistryServer, str]) -> None:
     registry, _ = secured
     with registry.client() as http:

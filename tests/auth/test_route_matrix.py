@@ -32,6 +32,7 @@ ROUTES: dict[tuple[str, str], tuple[str, object, str | None]] = {
     ("GET", "/metrics"): ("/metrics", None, "read"),
     ("GET", "/docs"): ("/docs", None, None),  # the pages are static shells (api.ui)
     ("GET", "/ui"): ("/ui", None, None),
+    ("GET", "/"): ("/", None, None),  # redirects to /ui
     ("GET", "/assets/{name}"): ("/assets/ui.js", None, None),
     ("GET", "/openapi.json"): ("/openapi.json", None, "read"),
     ("GET", "/v1/keys"): ("/v1/keys", None, "read"),
@@ -105,7 +106,7 @@ def test_route_needs_its_scope(
 
         anonymous = call(None)
         if scope is None:
-            assert anonymous.status_code == 200
+            assert anonymous.status_code == (307 if path == "/" else 200)
             return
         assert anonymous.status_code == 401, anonymous.text
         assert anonymous.headers["www-authenticate"] == "Bearer"

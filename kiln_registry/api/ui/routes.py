@@ -1,6 +1,7 @@
 """Routes of the browser pages: ``/docs`` (Swagger UI), ``/ui`` (dashboard), ``/assets/{name}``.
 
-All three are open (``auth.scopes`` lists them): they serve fixed files and no
+``/`` redirects to ``/ui``, as Kiln's server does (``crates/kiln-server/src/api/ui.rs``).
+All of them are open (``auth.scopes`` lists them): they serve fixed files and no
 data.  The data comes from the JSON API, which the pages call with the
 operator's bearer token.  None of them is part of the OpenAPI document.
 Imports FastAPI and ``api.ui.assets``.
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.ui.assets import PAGES, SECURITY_HEADERS, asset
@@ -26,6 +27,11 @@ async def _serve(name: str) -> Response:
     # Pages are re-read on every visit; assets may be cached for a short while.
     headers["cache-control"] = "no-store" if name in PAGES else "max-age=300"
     return Response(found.body, media_type=found.media_type, headers=headers)
+
+
+@router.get("/")
+async def root() -> RedirectResponse:
+    return RedirectResponse("/ui", status_code=307, headers=SECURITY_HEADERS)
 
 
 @router.get("/docs")
