@@ -10,6 +10,8 @@ produced between two statements for real).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -20,11 +22,19 @@ from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.models import JobRow, JobSequenceRow
 from kiln_registry.jobs.retention import tombstone
 from kiln_registry.testing.tiny_models import TinyModel
+from tests.api.support import REPO
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher
 from tests.jobs.harness import Controlled, make_config, running_registry, student_identity
 from tests.probe.teacher_server import TeacherServer
 
 SEQUENCES = [[5, 9, 11, 40], [7, 8]]
+
+
+def _kiln(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kiln_registry.cli.main", *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 def _rows(reg_ctx: object, job_id: str) -> tuple[int, int]:
@@ -47,6 +57,11 @@ def test_a_finished_job_is_deleted_with_its_sequences_and_result(
         deleted = reg.http.delete(f"/v1/jobs/{job['id']}")
         assert deleted.status_code == 200, deleted.text
         assert deleted.json() == {"status": "deleted", "id": job["id"]}
+        second = reg.wait(reg.submit("ref@tiny", 2, sequences=SEQUENCES).json()["id"])
+        cli = _kiln("jobs", "delete", second["id"], "--server", reg.url)
+        assert cli.returncode == 0 and f"deleted {second['id']}" in cli.stdout, cli.stderr
+        gone = _kiln("jobs", "delete", second["id"], "--server", reg.url)
+        assert gone.returncode == 2 and "job_not_found" in gone.stderr, gone.stderr
         assert _rows(reg.ctx, job["id"]) == (0, 0)
         assert not result.exists() and list((tmp_path / "results").iterdir()) == []
         assert reg.http.get(f"/v1/jobs/{job['id']}").status_code == 404
