@@ -197,7 +197,9 @@ def _remote_problems(provider: object, given: set[str]) -> list[str]:
     problems: list[str] = []
     if provider is None:
         problems.append("provider is required for kind 'remote' (use 'vllm')")
-    elif provider in RemoteProvider.__members__ and provider != RemoteProvider.vllm:
+    elif (
+        isinstance(provider, str) and provider in RemoteProvider.__members__ and provider != "vllm"
+    ):
         problems.append(
             f"provider {provider!r} is not supported for registration:"
             " only 'vllm' teachers can prove a Kiln identity"

@@ -34,6 +34,17 @@ def test_jobs_result_output_creates_its_parent_directory(
     assert [p.name for p in out.parent.iterdir()] == ["there.jsonl"]
 
 
+def test_jobs_result_to_stdout_is_the_verified_corpus(
+    live: Registry, tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    with RegistryClient(live.url) as client:
+        job = client.submit_job(teacher=ALIAS, top_k=2, sequences=[[4, 5]])
+        client.wait_job(job.id, interval=0.05)
+        saved = client.download_result(job.id, tmp_path / "saved.jsonl")
+    assert run(["jobs", "result", job.id, "--server", live.url]) == 0
+    assert capsysbinary.readouterr().out == saved.path.read_bytes()
+
+
 def test_a_validation_error_lists_every_invalid_field(live: Registry) -> None:
     with RegistryClient(live.url) as client, pytest.raises(RegistryClientError) as info:
         client.register_teacher(alias="many-problems", kind="remote", notes="bad\x07notes",
@@ -44,6 +55,11 @@ def test_a_validation_error_lists_every_invalid_field(live: Registry) -> None:
     for part in ("notes", "provider is required", "model_id is required", "url is required",
                  "adapter must be null"):  # fmt: skip
         assert part in message, message
+    # A body of the wrong shapes is still a 400 naming each field (schemathesis found a 500).
+    odd = {"alias": "odd", "kind": "remote", "provider": {}, "model_id": ["m"], "url": 1}
+    refused = live.http.post("/v1/teachers", json=odd)
+    assert refused.status_code == 400, refused.text
+    assert all(name in refused.json()["error"]["message"] for name in ("provider", "model_id"))
 
 
 def test_an_identity_mismatch_names_the_fields_and_what_to_do(
