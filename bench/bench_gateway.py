@@ -5,9 +5,10 @@ Unix socket that answers every request after ``--latency-ms`` with the
 captured 64-token, top-32 vLLM body, about 140 KB) stands in for vLLM, which
 on 2 CPU cores is far too slow to show the gateway's cost.  The gateway runs
 as its own process exactly as the launcher starts it
-(``python -m kiln_registry.gateway``).  The same client (keep-alive
-connections, one per worker, ``--concurrency`` workers, the same scoring
-request) sends ``--requests`` requests per arm and round to each of
+(``python -m kiln_registry.gateway``, with a key to check).  The same
+client (keep-alive connections, one per worker, ``--concurrency`` workers,
+the same scoring request with its ``Authorization: Bearer`` key) sends
+``--requests`` requests per arm and round to each of
 
 * ``direct``: the upstream's Unix socket;
 * ``gateway``: the gateway's TCP port, which forwards to that socket;
@@ -43,6 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BODY_FILE = ROOT / "tests" / "data" / "vllm_responses" / "fp32_pl32_64tok.json"
 SERVED = "teacher-tiny"
+# The gateway checks a key, as a deployment with --api-key-env does; both arms send it
+# (the upstream ignores it), so the requests are the same bytes.
+KEY_VARIABLE = "KILN_BENCH_GATEWAY_KEY"
+BENCH_KEY = "bench-gateway-key-0123456789abcdef"
 
 UPSTREAM = r"""
 import asyncio, sys
@@ -88,8 +93,9 @@ def scoring_request(host: bytes) -> bytes:
     ).encode()
     head = (
         b"POST /v1/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-        b"accept: application/json\r\naccept-encoding: identity\r\ncontent-length: %d\r\n\r\n"
-    ) % (host, len(body))
+        b"accept: application/json\r\naccept-encoding: identity\r\nauthorization: Bearer %s\r\n"
+        b"content-length: %d\r\n\r\n"
+    ) % (host, BENCH_KEY.encode(), len(body))
     return head + body
 
 
@@ -163,7 +169,9 @@ def start_processes(tmp: Path, latency_ms: float) -> tuple[list[subprocess.Popen
             f"--served-model-id={SERVED}",
             "--max-model-len=256",
             "--max-top-k=32",
+            f"--api-key-env={KEY_VARIABLE}",
         ],
+        env={**os.environ, KEY_VARIABLE: BENCH_KEY},
         stderr=subprocess.PIPE,
     )
     stderr = gateway.stderr
