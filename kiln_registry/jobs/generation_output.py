@@ -43,7 +43,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.errors import JobConflict, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.corpus import trailer_line
@@ -56,10 +56,22 @@ META_FORMAT: Final = "kiln-registry.generation.v1"
 EXAMPLE_KEYS: Final = ("id", "messages", "teacher_response", "teacher_tokens", "metadata")
 SIGNATURE_SUFFIX: Final = ".sig"
 LOOKUP_CHUNK: Final = 500
+MAX_SIGNATURE_BYTES: Final = 1024
 
 
 def signature_path(corpus: Path) -> Path:
     return corpus.with_name(corpus.name + SIGNATURE_SUFFIX)
+
+
+def detached_signature(corpus: Path) -> str:
+    """The trailer line of ``<corpus>.sig`` without its newline (``JobConflict`` if absent)."""
+    try:
+        raw = signature_path(corpus).read_bytes()[:MAX_SIGNATURE_BYTES]
+    except OSError:
+        raise JobConflict(
+            f"the signature of {corpus.name} is missing on disk", rule="job.result_missing"
+        ) from None
+    return raw.rstrip(b"\n").decode("ascii", errors="replace")
 
 
 @dataclass(frozen=True, slots=True)

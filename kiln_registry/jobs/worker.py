@@ -60,6 +60,7 @@ class JobWorkers:
         root = result_dir(self.env.config)
         for job_id in requeued:
             (root / f".{job_id}.jsonl.partial").unlink(missing_ok=True)
+            (root / f".{job_id}.jsonl.sig.partial").unlink(missing_ok=True)  # generation jobs
         recover_deletions(self.env.config, self.env.sessions)
         return requeued
 
