@@ -31,6 +31,7 @@ from tests.jobs.generation_harness import (
     submit_generation,
 )
 from tests.jobs.harness import make_config, running_registry
+from tests.kiln_conformance.test_off_policy_examples import check_example
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,7 @@ def test_greedy_generation_job_matches_transformers_and_verifies(
     assert [e["id"] for e in examples] == ["p0", "p1", "p2", "p3"]
     for example, messages in zip(examples, MESSAGES, strict=True):
         assert example["messages"] == messages
+        check_example(example, 4, teacher.identity.vocab_size)  # Kiln's serde types
         ids = example["metadata"]["completion_token_ids"]
         prompt = render(tokenizer, messages, "test")
         assert ids == transformers_greedy(chat_model, prompt, 6)
