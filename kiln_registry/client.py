@@ -2,7 +2,7 @@
 
 Owns ``RegistryClient``: one method per API operation (the operations
 themselves, their paths, bodies and answer parsing, live in
-``kiln_registry.client_base``, shared with ``AsyncRegistryClient`` in
+``kiln_registry.client_ops``, shared with ``AsyncRegistryClient`` in
 ``kiln_registry.client_async``), plus paging (``iter_teachers``,
 ``iter_jobs`` follow ``next_cursor``), ``wait_job`` with a progress callback,
 and ``download_result``, which streams a corpus to disk and verifies it
@@ -33,7 +33,8 @@ from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
-from kiln_registry import client_base as ops
+from kiln_registry import client_base as base
+from kiln_registry import client_ops as ops
 from kiln_registry.api.jobs_schemas import DeleteJobResponse, JobPublic, JobsListResponse
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
@@ -151,7 +152,7 @@ class RegistryClient:
 
     def iter_teachers(self, *, page_size: int | None = None) -> Iterator[TeacherEntry]:
         """Every registered teacher, ordered by alias, page after page."""
-        pager = ops.Pager()
+        pager = base.Pager()
         while not pager.done:
             page = self.teachers_page(limit=page_size, cursor=pager.cursor)
             yield from page.teachers
@@ -234,7 +235,7 @@ class RegistryClient:
         self, *, status: str | None = None, page_size: int | None = None
     ) -> Iterator[JobPublic]:
         """Every job (of ``status``), newest first, following ``next_cursor``."""
-        pager = ops.Pager()
+        pager = base.Pager()
         while not pager.done:
             page = self.jobs_page(status=status, limit=page_size, cursor=pager.cursor)
             yield from page.jobs
@@ -317,38 +318,38 @@ class RegistryClient:
 
     # -- the one place bytes move -------------------------------------------
 
-    def _run(self, op: ops.Call[T]) -> T:
+    def _run(self, op: base.Call[T]) -> T:
         content, headers = op.content()
         try:
             with self._http.stream(op.method, op.path, content=content, headers=headers) as resp:
                 raw = self._read(resp)
-                return ops.interpret(op, resp.status_code, raw, resp.headers)
+                return base.interpret(op, resp.status_code, raw, resp.headers)
         except httpx.TimeoutException as exc:
-            raise ops.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
-            raise ops.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
 
     def _stream_into(self, path: str, write: Callable[[bytes], None]) -> httpx.Headers:
         try:
             with self._http.stream("GET", path) as resp:
                 if resp.status_code != 200:
-                    ops.check_status(resp.status_code, self._read(resp), resp.headers)
-                    raise ops.invalid(f"GET {path} answered HTTP {resp.status_code}")
+                    base.check_status(resp.status_code, self._read(resp), resp.headers)
+                    raise base.invalid(f"GET {path} answered HTTP {resp.status_code}")
                 for chunk in resp.iter_raw():
                     write(chunk)
                 return resp.headers
         except httpx.TimeoutException as exc:
-            raise ops.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
-            raise ops.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
 
     def _read(self, response: httpx.Response) -> bytes:
-        error = ops.declared_too_large(response.headers, self._limit)
+        error = base.declared_too_large(response.headers, self._limit)
         if error is not None:
             raise error
         body = bytearray()
         for chunk in response.iter_raw():
             if len(body) + len(chunk) > self._limit:
-                raise ops.too_large(self._limit)
+                raise base.too_large(self._limit)
             body += chunk
         return bytes(body)

@@ -2,7 +2,7 @@
 
 The same methods, arguments, answers and errors as the synchronous client
 (``kiln_registry.client``), awaited: both build their requests and parse their
-answers with ``kiln_registry.client_base``, and share the wait and download
+answers with ``client_ops``/``client_base``, and share the wait and download
 logic of ``kiln_registry.client_jobs``.  ``iter_teachers``/``iter_jobs`` are
 async iterators; ``wait_job``'s ``on_progress`` may be a plain function or a
 coroutine function; a downloaded corpus is verified in a worker thread so the
@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from kiln_registry import client_base as ops
+from kiln_registry import client_base as base
+from kiln_registry import client_ops as ops
 from kiln_registry.api.jobs_schemas import DeleteJobResponse, JobPublic, JobsListResponse
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
@@ -119,7 +120,7 @@ class AsyncRegistryClient:
         return await self._run(ops.teachers_page(limit, cursor))
 
     async def iter_teachers(self, *, page_size: int | None = None) -> AsyncIterator[TeacherEntry]:
-        pager = ops.Pager()
+        pager = base.Pager()
         while not pager.done:
             page = await self.teachers_page(limit=page_size, cursor=pager.cursor)
             for entry in page.teachers:
@@ -191,7 +192,7 @@ class AsyncRegistryClient:
     async def iter_jobs(
         self, *, status: str | None = None, page_size: int | None = None
     ) -> AsyncIterator[JobPublic]:
-        pager = ops.Pager()
+        pager = base.Pager()
         while not pager.done:
             page = await self.jobs_page(status=status, limit=page_size, cursor=pager.cursor)
             for job in page.jobs:
@@ -259,40 +260,40 @@ class AsyncRegistryClient:
 
     # -- the one place bytes move -------------------------------------------
 
-    async def _run(self, op: ops.Call[T]) -> T:
+    async def _run(self, op: base.Call[T]) -> T:
         content, headers = op.content()
         try:
             async with self._http.stream(
                 op.method, op.path, content=content, headers=headers
             ) as resp:
                 raw = await self._read(resp)
-                return ops.interpret(op, resp.status_code, raw, resp.headers)
+                return base.interpret(op, resp.status_code, raw, resp.headers)
         except httpx.TimeoutException as exc:
-            raise ops.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
-            raise ops.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
 
     async def _stream_into(self, path: str, write: Callable[[bytes], None]) -> httpx.Headers:
         try:
             async with self._http.stream("GET", path) as resp:
                 if resp.status_code != 200:
-                    ops.check_status(resp.status_code, await self._read(resp), resp.headers)
-                    raise ops.invalid(f"GET {path} answered HTTP {resp.status_code}")
+                    base.check_status(resp.status_code, await self._read(resp), resp.headers)
+                    raise base.invalid(f"GET {path} answered HTTP {resp.status_code}")
                 async for chunk in resp.aiter_raw():
                     write(chunk)
                 return resp.headers
         except httpx.TimeoutException as exc:
-            raise ops.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
-            raise ops.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
+            raise base.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
 
     async def _read(self, response: httpx.Response) -> bytes:
-        error = ops.declared_too_large(response.headers, self._limit)
+        error = base.declared_too_large(response.headers, self._limit)
         if error is not None:
             raise error
         body = bytearray()
         async for chunk in response.aiter_raw():
             if len(body) + len(chunk) > self._limit:
-                raise ops.too_large(self._limit)
+                raise base.too_large(self._limit)
             body += chunk
         return bytes(body)
