@@ -27,7 +27,7 @@ from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_hea
 from kiln_registry.db.legacy import LEGACY_NO_IDENTITY_MESSAGE, LEGACY_STATUS_MESSAGE
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.errors import InputError
+from kiln_registry.errors import RELEASE_NOTE, InputError
 from kiln_registry.legacy_registry import (
     MAX_REGISTRY_BYTES,
     import_configured_legacy_registry,
@@ -415,7 +415,7 @@ def _check_legacy_entry(entry: dict[str, Any]) -> None:
     assert entry["status"] == "legacy_unverified" and entry["usable"] is False, entry
     assert entry.get("capabilities") is None and entry["spec"].get("identity") is None
     assert entry.get("identity_revision") is None and entry.get("off_policy_manifest") is None
-    assert entry["status_message"] == LEGACY_STATUS_MESSAGE
+    assert entry["status_message"] == f"{LEGACY_STATUS_MESSAGE} {RELEASE_NOTE}"  # issue 15
 
 
 def _check_refusals(http: Any, alias: str, origin: str) -> None:

@@ -63,7 +63,12 @@ def public_status(
 
 def _status_message(row: TeacherRow, status: TeacherStatus, problem: str | None) -> str | None:
     if row.status_message:
-        return row.status_message
+        # Messages stored before issue 15 (some frozen into migrations) say "register it
+        # again" without the release step a deleted alias now needs.
+        stored = row.status_message
+        if "register it again" in stored and "kiln teachers release" not in stored:
+            return f"{stored} {RELEASE_NOTE}"
+        return stored
     if status is TeacherStatus.legacy_unverified:
         return LEGACY_MESSAGE
     if status is TeacherStatus.unavailable:
