@@ -42,7 +42,7 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -252,15 +252,21 @@ def _replace(path: Path, tmp: Path, original: os.stat_result) -> None:
         os.close(dir_fd)
 
 
-def import_legacy_registry(path: Path, sessions: sessionmaker[Session]) -> ImportResult:
-    """Import ``path`` into the registry database (see the module docstring)."""
+def import_legacy_registry(
+    path: Path,
+    sessions: sessionmaker[Session],
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ImportResult:
+    """Import ``path`` into the registry database; ``on_progress(entries done, total)``."""
     data, original = _read_registry(path)
     doc = _parse(path, data)
     entries, carrying = _entries(path, doc)
     tmp = _write_temp(path, _stripped_bytes(doc), original) if carrying else None
     try:
         with unit_of_work(sessions) as session:
-            imported, present, deleted = insert_legacy_entries(session, entries, str(path))
+            imported, present, deleted = insert_legacy_entries(
+                session, entries, str(path), on_progress
+            )
         if tmp is not None:
             _replace(path, tmp, original)
             tmp = None

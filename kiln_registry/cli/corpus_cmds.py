@@ -37,6 +37,7 @@ from kiln_registry.cli.jobs_cmds import SERVER_ENV, _common, _seconds
 from kiln_registry.cli.server_options import add_access_options, client_access
 from kiln_registry.client import DEFAULT_SERVER, RegistryClient
 from kiln_registry.errors import InputError, KilnError
+from kiln_registry.observability.progress import ProgressBar
 
 if TYPE_CHECKING:
     from kiln_registry.jobs.corpus_verify import CorpusSummary
@@ -64,7 +65,9 @@ def _still_registered(client: RegistryClient, summary: CorpusSummary, file: Path
 def _verify_file(file: Path, keys: dict[str, PublicKey]) -> CorpusSummary:
     from kiln_registry.jobs.corpus_verify import verify_corpus
 
-    summary = verify_corpus(file, keys)
+    # Bytes checked, rate and time left on a terminal (stderr); nothing on a pipe.
+    with ProgressBar("kiln corpus verify", file.stat().st_size if file.is_file() else None) as bar:
+        summary = verify_corpus(file, keys, bar.update_to)
     if summary.teacher is None:
         raise InputError(f"{file}: the corpus has no rows to verify", rule="corpus.empty")
     return summary

@@ -3,8 +3,9 @@
 Owns the argument parsing and JSON output of the identity inspection
 commands; the work is done by ``kiln_registry.model`` and
 ``kiln_registry.launcher.runtime``.  Output is JSON on stdout with stable
-keys; nothing is written to disk.  Bad input raises ``KilnError`` (``kiln``
-prints one line and exits 2).
+keys; nothing is written to disk.  While hashing, a progress bar (bytes,
+rate, time left) is drawn on stderr when it is a terminal, never otherwise.
+Bad input raises ``KilnError`` (``kiln`` prints one line and exits 2).
 
 Imports: standard library and kiln_registry; transformers only lazily
 (through ``model.tokenizer``); never torch or vllm.
@@ -25,6 +26,7 @@ from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import snapshot_content_sha256
 from kiln_registry.model.files import read_json_object
 from kiln_registry.model.shards import MAX_VOCAB_SIZE, model_width
+from kiln_registry.observability.progress import ProgressBar, tree_bytes
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
@@ -54,13 +56,15 @@ def _add_read_options(parser: argparse.ArgumentParser) -> None:
 def _cmd_identity(args: argparse.Namespace) -> int:
     from kiln_registry.model.inspect import inspect_model
 
-    result = inspect_model(
-        args.model_dir,
-        args.adapter_path,
-        limiter=_limiter(args),
-        workers=args.workers,
-        use_transformers=args.tokenizer_view == "transformers",
-    )
+    total = tree_bytes(args.model_dir, args.adapter_path)
+    with ProgressBar("kiln identity: hashing", total) as bar, bar.counting(_limiter(args)) as lim:
+        result = inspect_model(
+            args.model_dir,
+            args.adapter_path,
+            limiter=lim,
+            workers=args.workers,
+            use_transformers=args.tokenizer_view == "transformers",
+        )
     document = result.to_json()
     document["tokenizer_view"] = args.tokenizer_view
     return _emit(document)
@@ -69,9 +73,9 @@ def _cmd_identity(args: argparse.Namespace) -> int:
 def _cmd_snapshot(args: argparse.Namespace) -> int:
     from kiln_registry.model.inspect import hash_trees
 
-    hashed = hash_trees(
-        args.model_path, args.adapter_path, limiter=_limiter(args), workers=args.workers
-    )
+    total = tree_bytes(args.model_path, args.adapter_path)
+    with ProgressBar("kiln digest: hashing", total) as bar, bar.counting(_limiter(args)) as lim:
+        hashed = hash_trees(args.model_path, args.adapter_path, limiter=lim, workers=args.workers)
     manifest = hashed.manifest
     records = hashed.model_records + hashed.adapter_records
     directories = len(hashed.model.directories) + 1
@@ -128,7 +132,8 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
     packages = tuple(args.packages) if args.packages else RUNTIME_PACKAGES
     if len(set(packages)) != len(packages):
         raise IdentityError("--packages lists a package twice", rule="runtime_content.packages")
-    content = runtime_content(limiter=_limiter(args), workers=args.workers, packages=packages)
+    with ProgressBar("kiln digest: runtime") as bar, bar.counting(_limiter(args)) as lim:
+        content = runtime_content(limiter=lim, workers=args.workers, packages=packages)
     return _emit(
         {
             "runtime_content_sha256": content.sha256,

@@ -2,8 +2,9 @@
 
 ``jobs submit|list|show|cancel|delete|result`` talk to the registry (``--server URL``,
 else ``$KILN_SERVER``, else ``http://127.0.0.1:8420``) through
-``RegistryClient``; ``show --follow`` waits with ``wait_job`` and redraws a
-progress bar while stdout is a terminal, one line per change otherwise.
+``RegistryClient``; ``show --follow`` waits with ``wait_job`` and draws a
+progress bar (``observability.progress``) while stderr is a terminal, nothing
+otherwise; the job is printed when it ends.
 ``result`` downloads the corpus with ``download_result``: verified against
 the registry's signing key, then renamed into ``--output`` (its parent
 directories created) or copied to stdout.  ``cache stats`` and
@@ -31,11 +32,11 @@ from kiln_registry.cli.server_options import add_access_options, client_access
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client import DEFAULT_SERVER, RegistryClient
 from kiln_registry.errors import ConfigError, InputError
+from kiln_registry.observability.progress import ProgressBar
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 SERVER_ENV = "KILN_SERVER"
 TERMINAL = ("succeeded", "failed", "cancelled")
-BAR_WIDTH = 30
 MAX_SEQUENCES_FILE = 64 << 20
 
 
@@ -72,13 +73,6 @@ def render_job(job: JobPublic) -> str:
         pairs.append(("result", f"{job.result.bytes} bytes, sha256 {job.result.sha256}"))
     width = max(len(k) for k, _ in pairs)
     return "\n".join(f"{k.ljust(width)}  {printable(v)}" for k, v in pairs)
-
-
-def progress_line(job: JobPublic) -> str:
-    total, done = job.progress.total, job.progress.done
-    filled = BAR_WIDTH * done // total if total else BAR_WIDTH
-    bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-    return f"[{bar}] {done}/{total} {job.status} ({job.progress.cache_hits} cached)"
 
 
 def _sequences_file(path: Path) -> list[object]:
@@ -124,22 +118,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _follow(client: RegistryClient, job_id: str, interval: float) -> JobPublic:
-    tty = sys.stdout.isatty()
-    last = [""]
+    with ProgressBar(f"job {job_id}", unit="seq") as bar:
 
-    def show(job: JobPublic) -> None:
-        line = progress_line(job)
-        if tty:
-            sys.stdout.write("\r" + line)
-        elif line != last[0]:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-        last[0] = line
+        def show(job: JobPublic) -> None:
+            status = f"{job.status}, {job.progress.cache_hits} cached"
+            bar.update_to(job.progress.done, job.progress.total, status)
 
-    job = client.wait_job(job_id, interval=interval, on_progress=show)
-    if tty:
-        sys.stdout.write("\n")
-    return job
+        return client.wait_job(job_id, interval=interval, on_progress=show)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 from kiln_registry.config import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.legacy_registry import import_legacy_registry
+from kiln_registry.observability.progress import ProgressBar
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
@@ -38,7 +39,9 @@ def _import(args: argparse.Namespace) -> int:
     engine = open_engine(_database_path(config.server.database))
     try:
         revision = upgrade_to_head(engine)
-        result = import_legacy_registry(args.path, session_factory(engine))
+        # A bar over the entries on a terminal (stderr); nothing on a pipe.
+        with ProgressBar("kiln registry import", unit="entries") as bar:
+            result = import_legacy_registry(args.path, session_factory(engine), bar.update_to)
     finally:
         engine.dispose()
     summary = {

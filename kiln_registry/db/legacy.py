@@ -26,7 +26,7 @@ API, the engine module or Alembic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -151,7 +151,10 @@ def check_legacy_rows(conn: Connection, where: str) -> int:
 
 
 def insert_legacy_entries(
-    session: Session, entries: Sequence[LegacyEntry], source: str
+    session: Session,
+    entries: Sequence[LegacyEntry],
+    source: str,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[str], list[str], list[str]]:
     """Add each entry; return (imported, already present, deleted since import) aliases.
 
@@ -159,6 +162,7 @@ def insert_legacy_entries(
     already registered (imported earlier, or registered again since) is
     left exactly as it is; one that an earlier import added and that was
     deleted since is skipped.  Every added alias is recorded as imported.
+    ``on_progress(done, total)`` is called after each entry.
     """
     if len(entries) > MAX_LEGACY_ROWS:
         raise ConfigError(f"more than {MAX_LEGACY_ROWS} legacy entries", rule="legacy.too_many")
@@ -166,16 +170,17 @@ def insert_legacy_entries(
     imported: list[str] = []
     present: list[str] = []
     deleted: list[str] = []
-    for entry in entries:
+    for done, entry in enumerate(entries, 1):
         if repo.get(entry.alias) is not None:
             present.append(entry.alias)
-            continue
-        if record.was_imported(entry.alias):
+        elif record.was_imported(entry.alias):
             deleted.append(entry.alias)
-            continue
-        repo.insert(_row(entry))
-        record.record_import(entry.alias, source)
-        imported.append(entry.alias)
+        else:
+            repo.insert(_row(entry))
+            record.record_import(entry.alias, source)
+            imported.append(entry.alias)
+        if on_progress is not None:
+            on_progress(done, len(entries))
     return imported, present, deleted
 
 

@@ -69,11 +69,16 @@ class ReadRateLimiter:
         self._tokens = self._rate or 0.0
         self._stamp = time.monotonic()
         self._total = 0
+        # Told of every reservation (any thread): progress bars count bytes hashed with it.
+        self.observer: Callable[[int], None] | None = None
 
     def acquire(self, nbytes: int) -> None:
         """Account for ``nbytes`` about to be read; sleep as long as the rate requires."""
         if nbytes < 0:
             raise ValueError("nbytes must not be negative")
+        observer = self.observer
+        if observer is not None:
+            observer(nbytes)
         with self._lock:
             self._total += nbytes
             if self._rate is None:

@@ -61,6 +61,7 @@ from kiln_registry.launcher.vllm_command import (
     vllm_build,
     vllm_server_argv,
 )
+from kiln_registry.observability.progress import PhaseBars, ProgressBar, on_tty
 
 PROG = "kiln-teacher"
 USAGE = """\
@@ -144,13 +145,16 @@ def _measured_or_precomputed(
         return inputs
     assert request.model_path is not None  # the policy requires it in this mode
     require_vllm_build()
-    return measure_source(
-        request.model_path,
-        request.adapter_path,
-        served_model_id=request.served_model_id,
-        limiter=ReadRateLimiter(request.max_provenance_read_mib_per_second),
-        env=child_environment,
-    )
+    limiter = ReadRateLimiter(request.max_provenance_read_mib_per_second)
+    # Runtime then model hashing: one bar on a terminal (stderr), nothing otherwise.
+    with ProgressBar("kiln-teacher: hashing") as bar, bar.counting(limiter):
+        return measure_source(
+            request.model_path,
+            request.adapter_path,
+            served_model_id=request.served_model_id,
+            limiter=limiter,
+            env=child_environment,
+        )
 
 
 def manifest_document(inputs: TeacherInput, composed: ComposedIdentity) -> dict[str, object]:
@@ -239,8 +243,14 @@ def _launch(request: LauncherRequest, env: Mapping[str, str]) -> int:
 def _launch_supervised(
     request: LauncherRequest, env: Mapping[str, str], gate: SignalGate, options: SuperviseOptions
 ) -> int:
-    progress = _progress if sys.stderr.isatty() else None
-    with prepare_launch(request, env, progress=progress, stop_grace=options.grace) as prepared:
+    # Staging and runtime hashing: tqdm bars on a terminal (stderr), nothing otherwise.
+    progress = PhaseBars("kiln-teacher") if on_tty(sys.stderr) else None
+    try:
+        prepared = prepare_launch(request, env, progress=progress, stop_grace=options.grace)
+    finally:
+        if progress is not None:
+            progress.close()
+    with prepared:
 
         def announce(ready: PreparedLaunch) -> None:
             _print_line(ready.announcement())
@@ -269,13 +279,6 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not text.isdigit() or not 1 <= int(text) <= 86_400:
         raise InputError(f"{name} must be whole seconds in 1..=86400", rule="launcher.value")
     return float(int(text))
-
-
-def _progress(phase: str, done: int, total: int) -> None:
-    sys.stderr.write(f"\rkiln-teacher: {phase} {done >> 20}/{total >> 20} MiB ")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 def _cleanup(argv: Sequence[str], env: Mapping[str, str]) -> int:

@@ -24,6 +24,7 @@ import fcntl
 import functools
 import os
 import stat
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -47,14 +48,20 @@ Progress = Callable[[str, int, int], None]
 
 
 def reporter(progress: Progress | None, phase: str, total: int) -> Callable[[int], None]:
-    """A per-phase byte counter that calls ``progress(phase, done, total)``; reports 0 now."""
+    """A per-phase byte counter that calls ``progress(phase, done, total)``; reports 0 now.
+
+    Safe to call from several threads (a limiter's observer runs on the hashing pool).
+    """
     done = 0
+    lock = threading.Lock()
 
     def report(nbytes: int) -> None:
         nonlocal done
-        done += nbytes
+        with lock:
+            done += nbytes
+            now = done
         if progress is not None:
-            progress(phase, done, total)
+            progress(phase, now, total)
 
     report(0)
     return report

@@ -52,9 +52,11 @@ from kiln_registry.launcher.front import (
     socket_path,
     vllm_transport,
 )
+from kiln_registry.launcher.fsops import reporter
 from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
 from kiln_registry.launcher.recheck import (
+    RuntimePart,
     measure_runtime,
     recheck_argv,
     run_recheck,
@@ -237,6 +239,19 @@ class LaunchedTeacher:
         self.stop()
 
 
+def _measure_runtime(
+    limiter: ReadRateLimiter, env: Mapping[str, str], python: str, progress: Progress | None
+) -> RuntimePart:
+    """The runtime digest; ``progress("runtime", bytes hashed, 0)`` (total unknown) as it goes."""
+    if progress is None:
+        return measure_runtime(limiter, env, python=python)
+    limiter.observer = reporter(progress, "runtime", 0)
+    try:
+        return measure_runtime(limiter, env, python=python)
+    finally:
+        limiter.observer = None
+
+
 def prepare_launch(
     request: LauncherRequest,
     env: Mapping[str, str],
@@ -275,7 +290,7 @@ def prepare_launch(
             "VLLM_CACHE_ROOT": str(cache.path),
             "TMPDIR": socket_dir,
         }
-        runtime = measure_runtime(limiter, child_env, python=python)
+        runtime = _measure_runtime(limiter, child_env, python, progress)
         inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
         composed = compose_launch_identity(request, inputs, child_env)
         uds = socket_path(socket_dir) if request.gateway else None
