@@ -1,0 +1,219 @@
+"""Benchmark: off-policy generation through the job queue against the teacher's own throughput.
+
+Starts the reference teacher (``kiln reference-teacher``) on the tiny model
+with a chat template and a registry (``kiln serve``) whose student is that
+model, as child processes on loopback, registers the teacher, then for each
+of ``--rounds`` rounds with its own seeded prompts measures, in the same run:
+
+* the teacher's own throughput: that round's exact generation requests (the
+  chat-rendered prompt ids, ``max_tokens``, greedy, ``logprobs = K`` with
+  ``return_token_ids``) sent straight to it with httpx at ``[jobs]
+  concurrency`` in flight, bodies read in full;
+* the cold generation job over the same prompts (a corpus file): submit ->
+  succeeded from the server's ``created_at``/``finished_at`` (both probes,
+  generation, verification, cache writes and the signed corpus included).
+
+The arms alternate which goes first; the figure is the median of the
+per-round ratios (teacher seconds / job seconds).  Target: >= 0.9x.
+Prints one JSON document.
+
+    .venv/bin/python bench/bench_generation.py [--prompts 200] [--concurrency 4] [--k 4]
+        [--max-tokens 16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+KILN = [sys.executable, "-m", "kiln_registry.cli.main"]
+MODEL_ID = "tiny-chat"
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+WORDS = ["the", "teacher", "says", "hello", "a", "cat", "doan", "zy", "quto", "ka", "indo"]
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as sink:
+        return subprocess.Popen([*KILN, *args], stdout=subprocess.PIPE, stderr=sink)
+
+
+def chat_model(tmp: Path) -> Path:
+    from kiln_registry.testing.tiny_models import build_tiny_llama
+
+    source = build_tiny_llama(tmp / "plain").path
+    dest = tmp / "model"
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "tokenizer_config.json").read_text())
+    (dest / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return dest
+
+
+def teacher(model: Path, tmp: Path, threads: int) -> tuple[subprocess.Popen[bytes], str]:
+    proc = start(
+        ["reference-teacher", "--model-path", str(model), "--served-model-id", MODEL_ID,
+         "--max-top-k", "8", "--max-model-len", "64", "--port", "0", "--threads", str(threads)],
+        tmp / "teacher.log",
+    )  # fmt: skip
+    assert proc.stdout is not None
+    return proc, str(json.loads(proc.stdout.readline())["url"])
+
+
+def registry(config: Path, tmp: Path, url: str) -> subprocess.Popen[bytes]:
+    proc = start(["serve", "--config", str(config)], tmp / "serve.log")
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit((tmp / "serve.log").read_text())
+        time.sleep(0.1)
+
+
+def prompts(path: Path, count: int, seed: int) -> list[list[dict[str, str]]]:
+    rng = random.Random(seed)
+    out = [[{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))}]
+           for _ in range(count)]  # fmt: skip
+    with path.open("w", encoding="utf-8") as handle:
+        for i, messages in enumerate(out):
+            handle.write(json.dumps({"id": f"p{i}", "messages": messages}) + "\n")
+    return out
+
+
+async def direct(url: str, ids: list[list[int]], args: argparse.Namespace) -> float:
+    """Seconds for the job's exact generation requests sent straight to the teacher."""
+    from kiln_registry.jobs.generation_sources import GenerationSettings
+    from kiln_registry.jobs.generation_wire import generation_request
+
+    settings = GenerationSettings(max_tokens=args.max_tokens, top_k=args.k)
+    gate = asyncio.Semaphore(args.concurrency)
+
+    async def one(http: httpx.AsyncClient, prompt: list[int]) -> None:
+        async with gate:
+            body = generation_request(MODEL_ID, prompt, settings)
+            response = await http.post(url + "/v1/completions", json=body)
+            assert response.status_code == 200 and response.content, response.text
+
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+    async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(http, p) for p in ids))
+        return time.perf_counter() - started
+
+
+def _stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+def run_job(url: str, args: argparse.Namespace, name: str) -> dict[str, Any]:
+    body = {"kind": "off_policy_generation", "teacher": "ref", "corpus": {"path": name},
+            "max_tokens": args.max_tokens, "top_k": args.k}  # fmt: skip
+    with httpx.Client(base_url=url, timeout=120, trust_env=False) as http:
+        job = http.post("/v1/jobs", json=body).json()
+        while job["status"] not in ("succeeded", "failed", "cancelled"):
+            time.sleep(0.2)  # timing comes from the server's own timestamps
+            job = http.get(f"/v1/jobs/{job['id']}").json()
+    assert job["status"] == "succeeded", job
+    stamps = job["timestamps"]
+    job["seconds"] = _stamp(stamps["finished_at"]) - _stamp(stamps["created_at"])
+    return dict(job)
+
+
+def rounds(args: argparse.Namespace, t_url: str, url: str, batches: list[Any]) -> list[Any]:
+    out = []
+    for index, ids in enumerate(batches):
+        name = f"round{index}.jsonl"
+        if index % 2 == 0:
+            direct_s = asyncio.run(direct(t_url, ids, args))
+            job = run_job(url, args, name)
+        else:
+            job = run_job(url, args, name)
+            direct_s = asyncio.run(direct(t_url, ids, args))
+        cached = run_job(url, args, name)  # greedy: every prompt a cache hit
+        out.append({
+            "direct_seconds": round(direct_s, 3), "cold_job_seconds": round(job["seconds"], 3),
+            "job_vs_teacher": round(direct_s / job["seconds"], 3),
+            "cached_job_seconds": round(cached["seconds"], 3), "progress": job["progress"],
+            "result_bytes": job["result"]["bytes"],
+        })  # fmt: skip
+        print(json.dumps(out[-1]), file=sys.stderr)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--teacher-threads", type=int, default=1)
+    args = parser.parse_args()
+    from kiln_registry.jobs.generation_sources import render, student_tokenizer
+
+    with tempfile.TemporaryDirectory() as raw:
+        tmp = Path(raw)
+        model = chat_model(tmp)
+        tokenizer = student_tokenizer(model)
+        (tmp / "corpora").mkdir()
+        batches = [
+            [render(tokenizer, m, "bench") for m in
+             prompts(tmp / "corpora" / f"round{i}.jsonl", args.prompts, seed=19 + i)]
+            for i in range(args.rounds)
+        ]  # fmt: skip
+        port = 19000 + os.getpid() % 1000
+        config = tmp / "kiln.toml"
+        config.write_text(
+            f'[server]\nport = {port}\ndatabase = "{tmp / "registry.db"}"\n'
+            f'[student]\nmodel_path = "{model}"\n'
+            f'[jobs]\nconcurrency = {args.concurrency}\ncorpus_root = "{tmp / "corpora"}"\n',
+            encoding="utf-8",
+        )
+        t_proc, t_url = teacher(model, tmp, args.teacher_threads)
+        url = f"http://127.0.0.1:{port}"
+        r_proc = registry(config, tmp, url)
+        try:
+            reg = {"alias": "ref", "kind": "remote", "provider": "vllm", "model_id": MODEL_ID,
+                   "url": t_url}  # fmt: skip
+            assert httpx.post(url + "/v1/teachers", json=reg, timeout=60).status_code == 200
+            asyncio.run(direct(t_url, batches[0][:40], args))  # warm-up
+            measured = rounds(args, t_url, url, batches)
+        finally:
+            for proc in (r_proc, t_proc):
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
+    ratios = [r["job_vs_teacher"] for r in measured]
+    report = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "settings": vars(args),
+        "rounds": measured,
+        "job_vs_teacher_median": statistics.median(ratios),
+        "target": ">= 0.9",
+    }  # fmt: skip
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
