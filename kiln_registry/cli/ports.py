@@ -1,7 +1,7 @@
 """A port that is already taken is one ``kiln: error:`` line, before anything starts.
 
 ``ensure_port_free(host, port)`` binds (and closes) a socket the way uvicorn
-binds its listener (``SO_REUSEADDR``, every address ``host`` resolves to);
+binds its listener (``SO_REUSEADDR``; IPv6 for an IPv6 literal, else IPv4);
 ``EADDRINUSE`` or ``EACCES`` becomes a ``ConfigError`` naming the address and
 what to do, instead of uvicorn's log line and exit status 1.  A port taken in
 the instant between this check and uvicorn's bind still fails in uvicorn.
@@ -17,21 +17,20 @@ from kiln_registry.errors import ConfigError
 
 
 def ensure_port_free(host: str, port: int) -> None:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError(
-            f"cannot resolve the listen address {host!r} ({exc.strerror})",
-            rule="server.host",
-            hint="set [server] host to an address of this machine, or pass --host",
-        ) from None
-    for family, kind, proto, _, address in infos[:8]:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                _refuse(host, port, exc)
+    # uvicorn's own choice: IPv6 when the host is an IPv6 literal, else IPv4.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except socket.gaierror as exc:
+            raise ConfigError(
+                f"cannot resolve the listen address {host!r} ({exc.strerror})",
+                rule="server.host",
+                hint="set [server] host to an address of this machine, or pass --host",
+            ) from None
+        except OSError as exc:
+            _refuse(host, port, exc)
 
 
 def _refuse(host: str, port: int, exc: OSError) -> None:
