@@ -1,11 +1,12 @@
 """Deleting finished jobs (``DELETE /v1/jobs/{id}``) and ``[jobs] retain_days`` retention.
 
 ``delete_job`` removes a finished job (succeeded, failed or cancelled): its
-row, its sequences and its result file, atomically.  A job still queued,
+row, its sequences and its result files (the corpus and, for a generation
+job, its detached ``<corpus>.sig``), atomically.  A job still queued,
 probing or running is refused (``409 job_conflict``, rule
 ``job.delete_active``): cancel it first, then delete it.  Atomicity across the
 database and the file system: inside the delete transaction the result file is
-renamed to a tombstone (``.<id>.jsonl.deleting`` beside it, directory
+renamed to a tombstone (``.<name>.deleting`` beside it, directory
 fsynced); if the transaction fails the file is renamed back, otherwise the
 tombstone is unlinked after the commit.  A crash in between leaves a
 tombstone that ``recover_deletions`` (run at the workers' start) renames back
@@ -44,7 +45,10 @@ SWEEP_INTERVAL_S: Final = 600.0
 SWEEP_BATCH: Final = 100
 MAX_SWEEP_ROUNDS: Final = 1000  # 100,000 jobs per sweep; the next sweep takes the rest
 MAX_TOMBSTONES: Final = 10_000
-TOMBSTONE_SUFFIX: Final = ".jsonl.deleting"
+TOMBSTONE_SUFFIX: Final = ".deleting"
+SIGNATURE_SUFFIX: Final = (
+    ".sig"  # a generation corpus's detached signature (jobs.generation_output)
+)
 TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
@@ -56,42 +60,53 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def tombstone(path: Path, job_id: str) -> Path:
-    return path.with_name(f".{job_id}{TOMBSTONE_SUFFIX}")
+def tombstone(path: Path) -> Path:
+    """Where ``path`` waits while its job's delete commits: ``.<name>.deleting`` beside it."""
+    return path.with_name(f".{path.name}{TOMBSTONE_SUFFIX}")
 
 
-def _set_aside(result_path: str | None, job_id: str) -> tuple[Path, Path] | None:
-    """Rename the result file to its tombstone; (file, tombstone) when there was one."""
+def _result_files(result_path: str | None) -> list[Path]:
+    """The corpus and, for a generation job, its detached ``<corpus>.sig``."""
     if result_path is None:
-        return None
-    path = Path(result_path)
-    grave = tombstone(path, job_id)
-    try:
-        os.replace(path, grave)
-    except FileNotFoundError:
-        return None
-    _fsync_dir(path.parent)
-    return path, grave
+        return []
+    corpus = Path(result_path)
+    return [corpus, corpus.with_name(corpus.name + SIGNATURE_SUFFIX)]
+
+
+def _set_aside(result_path: str | None) -> list[tuple[Path, Path]]:
+    """Rename the job's result files to their tombstones; the (file, tombstone) pairs moved."""
+    moved: list[tuple[Path, Path]] = []
+    for path in _result_files(result_path):
+        try:
+            os.replace(path, tombstone(path))
+        except FileNotFoundError:
+            continue
+        moved.append((path, tombstone(path)))
+    if moved:
+        _fsync_dir(moved[0][0].parent)
+    return moved
 
 
 def delete_job(sessions: sessionmaker[Session], job_id: str) -> None:
-    """Remove a finished job's rows and result file atomically (``JobConflict`` if active)."""
-    moved: tuple[Path, Path] | None = None
+    """Remove a finished job's rows and result files atomically (``JobConflict`` if active)."""
+    moved: list[tuple[Path, Path]] = []
     try:
         with unit_of_work(sessions) as session:
             repo = JobRepository(session)
             row = repo.require(job_id)
             result_path = row.result_path
             repo.delete_finished(job_id)  # refuses an active job before any file moves
-            moved = _set_aside(result_path, job_id)
+            moved = _set_aside(result_path)
     except BaseException:
-        if moved is not None:
-            os.replace(moved[1], moved[0])
-            _fsync_dir(moved[0].parent)
+        for path, grave in moved:
+            os.replace(grave, path)
+        if moved:
+            _fsync_dir(moved[0][0].parent)
         raise
-    if moved is not None:
-        moved[1].unlink(missing_ok=True)
-        _fsync_dir(moved[0].parent)
+    for _path, grave in moved:
+        grave.unlink(missing_ok=True)
+    if moved:
+        _fsync_dir(moved[0][0].parent)
 
 
 def recover_deletions(config: KilnConfig, sessions: sessionmaker[Session]) -> int:
@@ -99,15 +114,15 @@ def recover_deletions(config: KilnConfig, sessions: sessionmaker[Session]) -> in
     root = result_dir(config)
     if not root.is_dir():
         return 0
-    found = root.glob(f".job-*{TOMBSTONE_SUFFIX}")
-    graves = list(itertools.islice(found, MAX_TOMBSTONES))
+    graves = list(itertools.islice(root.glob(f".job-*{TOMBSTONE_SUFFIX}"), MAX_TOMBSTONES))
     for grave in graves:
-        job_id = grave.name[1 : -len(TOMBSTONE_SUFFIX)]
+        original = grave.with_name(grave.name[1 : -len(TOMBSTONE_SUFFIX)])
+        job_id = original.name.split(".", 1)[0]
         with unit_of_work(sessions) as session:
             row = JobRepository(session).get(job_id)
-            target = None if row is None or row.result_path is None else Path(row.result_path)
-        if target is not None:
-            os.replace(grave, target)  # the delete never committed: the job keeps its result
+            kept = {p.name for p in _result_files(None if row is None else row.result_path)}
+        if original.name in kept:
+            os.replace(grave, original)  # the delete never committed: the job keeps its result
         else:
             grave.unlink(missing_ok=True)
     if graves:

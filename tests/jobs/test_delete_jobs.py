@@ -54,6 +54,8 @@ def test_a_finished_job_is_deleted_with_its_sequences_and_result(
         assert job["status"] == "succeeded", job
         result = next((tmp_path / "results").glob(f"{job['id']}.jsonl"))
         assert _rows(reg.ctx, job["id"]) == (1, 2)
+        # A generation job's detached signature sits beside its corpus; it goes too.
+        result.with_name(result.name + ".sig").write_bytes(b"signature line\n")
         deleted = reg.http.delete(f"/v1/jobs/{job['id']}")
         assert deleted.status_code == 200, deleted.text
         assert deleted.json() == {"status": "deleted", "id": job["id"]}
@@ -113,10 +115,11 @@ def test_an_interrupted_delete_is_finished_or_undone_at_start(
     kept = results / f"{job['id']}.jsonl"
     body = kept.read_bytes()
     # The delete had renamed the file but never committed: the job keeps its result.
-    kept.rename(tombstone(kept, job["id"]))
-    # A delete that committed but crashed before the unlink: the tombstone goes.
-    orphan = tombstone(kept, "job-" + "f" * 24)
-    orphan.write_bytes(b"stale")
+    kept.rename(tombstone(kept))
+    # A delete that committed but crashed before the unlink: the tombstones go.
+    orphan = results / ("job-" + "f" * 24 + ".jsonl")
+    tombstone(orphan).write_bytes(b"stale")
+    tombstone(orphan.with_name(orphan.name + ".sig")).write_bytes(b"stale signature")
     with running_registry(config) as reg:
         assert reg.http.get(f"/v1/jobs/{job['id']}/result").content == body
         assert sorted(p.name for p in results.iterdir()) == [kept.name]
