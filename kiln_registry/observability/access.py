@@ -10,10 +10,10 @@ the cached fast path, ``api.fast_lookup``).  Per request it
 * records ``kiln_http_requests_total`` and the latency histogram under the
   route's path template (``route_template``), never the raw path;
 * writes one access record to the ``kiln_registry.access`` logger (only when
-  INFO is enabled): its fields travel as the record's mapping argument, so
-  the secret-redaction filter scrubs them and the JSON formatter writes them
-  as fields (``observability.logs``).  The query string is never logged;
-  the token's *name* is, never the token.
+  INFO is enabled): its fields travel on the record (``FIELDS_ATTR``); the
+  formatters (``observability.logs``) write them as fields and scrub the
+  finished line of tokens and secret values.  The query string is never
+  logged; the token's *name* is, never the token.
 
 It does a dict lookup and a few attribute reads per request; the access
 record is built only when it will be written.  Imports the standard library,
@@ -39,6 +39,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ACCESS_LOGGER: Final = "kiln_registry.access"
+FIELDS_ATTR: Final = "kiln_access"  # the access record's fields (a dict) on the LogRecord
 UNMATCHED: Final = "unmatched"
 MAX_PATH_CHARS: Final = 256
 # The cached fast path answers GET /v1/teachers/<alias> without routing (api.fast_lookup).
@@ -124,4 +125,7 @@ def _log_access(scope: Scope, route: str, status: int, seconds: float, request_i
         "client": client[0] if client else None,
         "token": getattr(identity, "name", None),
     }
-    access_log.info("request", fields)
+    # Built directly (no caller lookup: the logger's _log walks the stack for every record).
+    record = logging.LogRecord(ACCESS_LOGGER, logging.INFO, __file__, 0, "request", None, None)
+    record.__dict__[FIELDS_ATTR] = fields
+    access_log.handle(record)

@@ -18,7 +18,7 @@ the chosen formatter, the repeat cap (``serve_guard.RepeatFilter``; access
 records are exempt) and the redaction filters; uvicorn's loggers propagate
 to it and uvicorn's own access log is turned off by ``run_server``
 (``access_log=False``): the access layer writes the access log instead.
-Imports the standard library, ``credentials.redaction`` and ``auth.tokens``.
+Imports the standard library, orjson, ``credentials.redaction`` and ``auth.tokens``.
 """
 
 from __future__ import annotations
@@ -30,27 +30,37 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
+import orjson
+
 from kiln_registry.auth.tokens import redact_tokens
 from kiln_registry.credentials.redaction import install_redaction, redact_text
-from kiln_registry.observability.access import ACCESS_LOGGER
+from kiln_registry.observability.access import FIELDS_ATTR
 from kiln_registry.observability.request_id import current_request_id
 
 LOG_LEVELS: Final = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 UVICORN_LOGGERS: Final = ("uvicorn", "uvicorn.error", "uvicorn.access")
 
 
+class _Seconds:
+    """The formatted UTC second last used (formatting it is most of a timestamp's cost)."""
+
+    last: tuple[int, str] = (-1, "")
+
+
 def utc_millis(created: float) -> str:
     """``2026-12-01T16:40:00.123Z`` for a record's ``created`` time."""
     seconds = int(created)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-    return f"{stamp}.{int((created - seconds) * 1000):03d}Z"
+    last = _Seconds.last
+    if last[0] != seconds:
+        last = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+        _Seconds.last = last
+    return f"{last[1]}.{int((created - seconds) * 1000):03d}Z"
 
 
 def access_fields(record: logging.LogRecord) -> Mapping[str, object] | None:
-    """The fields of an access record (its mapping argument), else None."""
-    if record.name == ACCESS_LOGGER and isinstance(record.args, Mapping):
-        return record.args
-    return None
+    """The fields of an access record (``observability.access``), else None."""
+    fields = record.__dict__.get(FIELDS_ATTR)
+    return fields if isinstance(fields, dict) else None
 
 
 class _Scrubbing(logging.Formatter):
@@ -91,7 +101,7 @@ class JsonFormatter(_Scrubbing):
         exception = self._exception(record)
         if exception is not None:
             doc["exception"] = exception
-        return self._scrub(json.dumps(doc, ensure_ascii=False, default=str))
+        return self._scrub(orjson.dumps(doc, default=str).decode("utf-8"))
 
 
 class TextFormatter(_Scrubbing):

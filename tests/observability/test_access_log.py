@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kiln_registry.observability.access import ACCESS_LOGGER
+from kiln_registry.observability.access import ACCESS_LOGGER, FIELDS_ATTR
 from kiln_registry.observability.logs import JsonFormatter, TextFormatter
 from kiln_registry.observability.request_id import MAX_LENGTH
 from kiln_registry.testing.tiny_models import TinyModel
@@ -118,8 +118,8 @@ def test_access_records_are_fields_with_the_token_name_only(
 
 
 def test_text_format_carries_the_same_fields() -> None:
-    record = logging.LogRecord(ACCESS_LOGGER, logging.INFO, __file__, 1, "request",
-                               ({"route": "/health", "status": 200},), None)  # fmt: skip
+    record = logging.LogRecord(ACCESS_LOGGER, logging.INFO, __file__, 1, "request", None, None)
+    record.__dict__[FIELDS_ATTR] = {"route": "/health", "status": 200}
     line = TextFormatter().format(record)
     assert line.endswith(' INFO kiln_registry.access: request route="/health" status=200')
     assert MILLIS.match(line.split()[0])
