@@ -71,6 +71,7 @@ class _ExampleChecker:
         self.digest = identity.digest()
         self.fixed: tuple[object, object, object] | None = None
         self.ids: set[str] = set()
+        self.top_k: int | None = None
 
     def check(self, row: object, where: str) -> None:
         if not isinstance(row, dict) or [k for k in EXAMPLE_KEYS if k in row] != list(row):
@@ -86,7 +87,8 @@ class _ExampleChecker:
         if not isinstance(row["teacher_response"], str) or not row["teacher_response"]:
             raise _error(where, "teacher_response", "teacher_response must be a non-empty string")
         meta = self._metadata(row.get("metadata"), where)
-        top_k = meta["settings"]["top_k"] if isinstance(meta["settings"], dict) else None
+        top_k = meta["settings"].get("top_k") if isinstance(meta["settings"], dict) else None
+        self.top_k = top_k if type(top_k) is int else None
         tokens = row.get("teacher_tokens")
         if (tokens is not None) != (isinstance(top_k, int) and top_k > 0):
             raise _error(where, "teacher_tokens", "teacher_tokens are present iff top_k > 0")
@@ -186,6 +188,6 @@ def verify_generation_corpus(
     return cv.CorpusSummary(
         identity=identity, manifest=off_policy_manifest(identity),
         job_id=job_id if isinstance(job_id, str) else None,
-        teacher=teacher if isinstance(teacher, str) else None, top_k=None,
+        teacher=teacher if isinstance(teacher, str) else None, top_k=checker.top_k,
         sequences=len(checker.ids), key_id=trailer.key_id, sha256=trailer.sha256,
     )  # fmt: skip

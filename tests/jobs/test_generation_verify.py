@@ -1,0 +1,68 @@
+"""`kiln corpus verify` on generation corpora: the detached signature and Kiln's example rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln_registry.errors import InputError
+from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.generation_output import ExampleContext, ExampleWriter, encode_example
+from kiln_registry.jobs.generation_sources import GenerationSettings, student_tokenizer
+from kiln_registry.jobs.generation_wire import Generated
+from kiln_registry.jobs.signing import CorpusSigner, key_path, load_or_create_signer
+from kiln_registry.model.tokenizer import student_vocab
+from kiln_registry.testing.tiny_models import TinyModel
+from tests.jobs.generation_harness import add_chat_template
+from tests.jobs.harness import student_identity
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Any:
+    return student_tokenizer(add_chat_template(tiny_model.path, tmp_path_factory.mktemp("c") / "m"))
+
+
+def _corpus(tmp_path: Path, tokenizer: Any, vocab_sha: str) -> tuple[Path, CorpusSigner]:
+    identity = student_identity(vocab_sha)
+    ctx = ExampleContext("job-" + "1" * 24, "t", identity, GenerationSettings(3, 2), tokenizer)
+    signer = load_or_create_signer(key_path(tmp_path / "registry.db"))
+    writer = ExampleWriter(tmp_path / "c.jsonl", identity, signer)
+    for i in range(3):
+        gen = Generated([70 + i, 71, 72], "length", [-0.5, -0.2, -0.1],
+                        [[70 + i, 5], [71, 5], [72, 5]], [[-0.5, -1.0]] * 3)  # fmt: skip
+        messages = json.dumps([{"role": "user", "content": f"q{i}"}])
+        writer.write(encode_example(ctx, f"p{i}", messages, "0" * 64, gen))
+    writer.commit()
+    return tmp_path / "c.jsonl", signer
+
+
+def _refused(path: Path, signer: CorpusSigner) -> str:
+    with pytest.raises(InputError) as caught:
+        verify_corpus(path, {signer.public.key_id: signer.public})
+    return str(caught.value.rule)
+
+
+def test_changes_to_a_generation_corpus_or_its_signature_are_refused(
+    tmp_path: Path, tokenizer: Any, tiny_model: TinyModel
+) -> None:
+    path, signer = _corpus(tmp_path, tokenizer, student_vocab(tiny_model.path)[0])
+    summary = verify_corpus(path, {signer.public.key_id: signer.public})
+    assert (summary.sequences, summary.top_k, summary.teacher) == (3, 2, "t")
+    original = path.read_bytes()
+    path.write_bytes(original.replace(b'"q1"', b'"q9"'))
+    assert _refused(path, signer) == "corpus.sha256"
+    lines = original.decode().splitlines(keepends=True)
+    bad = json.loads(lines[2])
+    bad["teacher_response"] = ""
+    path.write_text("".join([*lines[:2], json.dumps(bad) + "\n", *lines[3:]]))
+    assert _refused(path, signer) == "corpus.teacher_response"
+    path.write_bytes(original)
+    (tmp_path / "other").mkdir(mode=0o700)
+    other = load_or_create_signer(key_path(tmp_path / "other" / "registry.db"))
+    assert _refused(path, other) == "corpus.unknown_key"
+    sig = path.with_name("c.jsonl.sig")
+    sig.unlink()
+    assert _refused(path, signer) == "corpus.unsigned"
