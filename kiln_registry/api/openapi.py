@@ -12,9 +12,14 @@ hold, are restored exactly).  Every request and response body gets an
 example (``api.examples``; an error response one per error code), and the
 NDJSON corpus of ``GET /v1/jobs/{id}/result`` is described as a binary body
 whose lines are the component schemas of ``api.corpus_schemas``, named in
-``x-ndjson-line-schema``.  ``install_openapi``
+``x-ndjson-line-schema``.  Every operation names what it needs: the bearer
+scheme ``bearerAuth`` with the token scope in ``x-kiln-scope`` (the rule of
+``auth.scopes``, as served with the default ``metrics_public = false``), or an
+empty ``security`` list for the open routes; and each can answer ``431``
+(``serve_guard``'s bound on the request head, plain text).  ``install_openapi``
 replaces ``app.openapi`` with a generator that drops those entries and caches
-the result as FastAPI does.  Imports FastAPI, pydantic, ``api.examples`` and ``api.corpus_schemas``.
+the result as FastAPI does.  Imports FastAPI, pydantic, ``api.examples``,
+``api.corpus_schemas`` and ``auth.scopes``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from kiln_registry.api.examples import (
     error_example,
     ndjson_example,
 )
+from kiln_registry.auth.scopes import required_scope
 from kiln_registry.version import package_version
 
 UNUSED_SCHEMAS = ("HTTPValidationError", "ValidationError")
@@ -78,8 +84,59 @@ def corrected(schema: dict[str, Any]) -> dict[str, Any]:
             if isinstance(operation, dict):
                 _describe(operation)
                 _add_examples(operation)
+    _add_security(schema)
+    _add_head_bound(schema)
     _integer_bounds(schema)
     return schema
+
+
+BEARER = "bearerAuth"
+BEARER_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": (
+        "A kiln-registry token (`kiln tokens create`), sent as `Authorization: Bearer <token>`;"
+        " the operation's `x-kiln-scope` names the scope it needs (`admin` covers all)."
+    ),
+}
+
+
+HEAD_TOO_LARGE = {
+    "description": (
+        "The request head (target and header lines) is over `kiln serve`'s bound: a plain-text"
+        " answer, then the connection is closed (`serve_guard`; no error envelope, since the"
+        " request was never parsed)."
+    ),
+    "content": {
+        "text/plain": {
+            "schema": {"type": "string"},
+            "example": "Request header fields too large",
+        }
+    },
+}
+
+
+def _add_head_bound(schema: dict[str, Any]) -> None:
+    """Every operation can answer 431 (the head bound applies before routing)."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation.setdefault("responses", {})["431"] = HEAD_TOO_LARGE
+
+
+def _add_security(schema: dict[str, Any]) -> None:
+    """Declare the bearer scheme and each operation's need for it (and its scope)."""
+    schema.setdefault("components", {}).setdefault("securitySchemes", {})[BEARER] = BEARER_SCHEME
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            if not isinstance(operation, dict):
+                continue
+            scope = required_scope(method.upper(), path)
+            if scope is None:
+                operation["security"] = []
+            else:
+                operation["security"] = [{BEARER: []}]
+                operation["x-kiln-scope"] = scope
 
 
 NDJSON = "application/x-ndjson"

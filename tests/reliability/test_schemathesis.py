@@ -8,7 +8,10 @@ plugins stay out of this pytest session) reads a copy of
 ``openapi/kiln-registry.openapi.json`` to which this test only adds
 ``examples``: good registration bodies (the reference teacher, a fixture
 teacher) and the registered aliases, so the examples phase also walks the
-success paths.  The schema itself is not changed.
+success paths.  The schema itself is not changed.  The registry requires
+tokens (``auth = "required"``) and schemathesis sends an ``admin`` token, so
+the schema's ``bearerAuth`` requirement is exercised too: a request it sends
+without the header must be refused (401).
 
 Checks: no 5xx, every response conforms to the schema (status code, content
 type, headers, body), invalid requests are refused.  The run is bounded (a
@@ -35,6 +38,7 @@ import pytest
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.conftest import reference, teacher_url  # noqa: F401  (session fixtures)
 from tests.api.support import REPO, ServerProcess, remote, write_config
+from tests.auth.support import bearer, create_token
 
 pytest.importorskip("schemathesis", reason="schemathesis is in the test extra")
 
@@ -103,11 +107,24 @@ def _with_examples(schema: dict[str, Any], teacher: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def live_registry(tmp_path: Path, tiny_model: TinyModel, teacher_url: str) -> Iterator[str]:  # noqa: F811
-    config = write_config(tmp_path, student=tiny_model.path)
+def admin_token(tmp_path: Path) -> str:
+    return create_token(tmp_path / "registry.db", "schemathesis", {"admin"})
+
+
+@pytest.fixture
+def live_registry(
+    tmp_path: Path,
+    tiny_model: TinyModel,
+    teacher_url: str,  # noqa: F811
+    admin_token: str,
+) -> Iterator[str]:
+    config = write_config(tmp_path, student=tiny_model.path, server={"auth": "required"})
     with ServerProcess(config, tmp_path / "server.log") as server:
         server.wait_ready()
-        with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as http:
+        headers = bearer(admin_token)
+        with httpx.Client(
+            base_url=server.url, timeout=60, trust_env=False, headers=headers
+        ) as http:
             for body in (
                 {"alias": FIXTURE_ALIAS, "kind": "fixture", "model_id": "fixture-model"},
                 remote(REMOTE_ALIAS, teacher_url),
@@ -118,7 +135,21 @@ def live_registry(tmp_path: Path, tiny_model: TinyModel, teacher_url: str) -> It
         assert server.proc.poll() is None, server.output()
 
 
-def _run_schemathesis(tmp_path: Path, url: str, teacher: str) -> tuple[int, str, dict[str, Any]]:
+# The token travels in the environment (never in argv, where `ps` shows it).  A
+# request whose head is over serve_guard's bound is refused with 431 before it
+# is parsed (documented on every operation): schemathesis' own list of refusal
+# statuses lacks it.
+ST_CONFIG = """
+headers = { Authorization = "Bearer ${KILN_ST_TOKEN}" }
+
+[checks.negative_data_rejection]
+expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429, 431]
+"""
+
+
+def _run_schemathesis(
+    tmp_path: Path, url: str, teacher: str, token: str
+) -> tuple[int, str, dict[str, Any]]:
     schema_path = tmp_path / "openapi-with-examples.json"
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     schema_path.write_text(json.dumps(_with_examples(schema, teacher)), encoding="utf-8")
@@ -130,11 +161,15 @@ def _run_schemathesis(tmp_path: Path, url: str, teacher: str) -> tuple[int, str,
         f"--checks={','.join(CHECKS)}", "--report=json", f"--report-json-path={report}",
         "--continue-on-failure", "--output-truncate=false",
     ]  # fmt: skip
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(ST_CONFIG, encoding="utf-8")
+    argv[1:1] = [f"--config-file={config}"]  # an option of `st` itself
     hooks = tmp_path / "kiln_st_hooks.py"
     hooks.write_text(HOOKS, encoding="utf-8")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
            "SCHEMATHESIS_HOOKS": str(hooks), "KILN_ST_TALLY": str(tmp_path / "tally.jsonl"),
-           "SCHEMATHESIS_TELEMETRY": "false", "NO_COLOR": "1"}  # fmt: skip
+           "SCHEMATHESIS_TELEMETRY": "false", "NO_COLOR": "1",
+           "KILN_ST_TOKEN": token}  # fmt: skip
     done = subprocess.run(
         argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )
@@ -153,8 +188,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     tmp_path: Path,
     live_registry: str,
     teacher_url: str,  # noqa: F811
+    admin_token: str,
 ) -> None:
-    status, output, report = _run_schemathesis(tmp_path, live_registry, teacher_url)
+    status, output, report = _run_schemathesis(tmp_path, live_registry, teacher_url, admin_token)
+    (tmp_path / "st-output.txt").write_text(output, encoding="utf-8")  # whole, for a failure
     assert status == 0, output[-20000:]
     cases = report["test_cases"]
     assert cases["with_failures"] == 0 and cases["errored"] == 0, cases
