@@ -188,6 +188,7 @@ async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext)
         student=ctx.student,
         probe_limiter=ctx.job_probe_limiter,  # jobs' own probe capacity (issue 15)
         count_probe=ctx.metrics.count_probe,
+        count_sequence=ctx.metrics.count_sequence,
         probe_timeout_s=JOB_PROBE_TIMEOUT_S,
     )
     workers = JobWorkers(env)
@@ -195,7 +196,6 @@ async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext)
     app.state.job_workers = workers
     return workers
 
-        count_sequence=ctx.metrics.count_sequence,
 
 async def stop_workers(app: FastAPI, workers: JobWorkers) -> None:
     """Stop the workers before the outbound client closes; running jobs go back to queued."""
