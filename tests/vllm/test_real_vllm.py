@@ -8,11 +8,13 @@ need their own server.  See conftest.py for the skip/fail rule.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kiln_registry.identity.fingerprint import verify_fingerprint
@@ -103,6 +105,7 @@ def test_adapter_base_alias_is_refused(
         identity = verify_fingerprint(teacher.announcement["fingerprint"])
         assert identity.adapter is not None
         base = base_model_name(identity.base_model_sha256)
+        _base_alias_refused_at_the_gateway(teacher, base)
         with registry.client() as http:
             refused = http.post("/v1/teachers", json=remote("lora-base", teacher.url + "/v1", base))
             assert refused.status_code == 502, refused.text
@@ -115,6 +118,19 @@ def test_adapter_base_alias_is_refused(
     finally:
         stop(teacher.proc, signal.SIGTERM)
     assert teacher.leftovers() == []
+
+
+def _base_alias_refused_at_the_gateway(teacher: Launched, base: str) -> None:
+    """vLLM itself serves ``base`` on its socket; the gateway refuses it by name (404)."""
+    body = {"model": base, "prompt": [1, 2, 3], "max_tokens": 1}
+    (uds,) = glob.glob(f"/tmp/kiln-{teacher.proc.pid}-*/vllm.sock")
+    with httpx.Client(transport=httpx.HTTPTransport(uds=uds), timeout=300) as vllm:
+        assert vllm.post("http://vllm/v1/completions", json=body).status_code == 200
+    refused = httpx.post(teacher.url + "/v1/completions", json=body, timeout=300, trust_env=False)
+    assert refused.status_code == 404, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("NotFoundError", "model", 404)
+    assert "internal base alias" in error["message"]
 
 
 def test_sigint_while_launching_leaves_nothing(tiny_model: TinyModel, tmp_path: Path) -> None:
