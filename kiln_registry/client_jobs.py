@@ -10,8 +10,12 @@ hashes it, and on ``finish`` checks the byte count and the SHA-256 the
 registry announced (``x-kiln-result-sha256``), verifies the corpus with
 ``jobs.corpus_verify.verify_corpus`` against the registry's signing keys
 (signature trailer, manifest, every line), fsyncs, and only then renames it
-into place (and fsyncs the directory).  Any failure removes the partial
-file; the output is never a half-written or unverified corpus.
+into place (and fsyncs the directory).  An off-policy generation corpus
+(which Kiln reads line by line, so its signature is detached) comes with its
+trailer line in ``x-kiln-corpus-signature``: the sink writes it to
+``<partial>.sig`` so the same verifier finds it, and renames it to
+``<output>.sig`` before the corpus.  Any failure removes the partial
+files; the output is never a half-written or unverified corpus.
 
 Imports the standard library, ``client_base`` and (lazily, since it brings
 numpy) ``jobs.corpus_verify``; never httpx or FastAPI.
@@ -95,12 +99,17 @@ class Waiter:
         return False
 
 
+VERIFIABLE_KINDS = ("teacher_scoring", "off_policy_generation")
+SIGNATURE_HEADER = "x-kiln-corpus-signature"
+MAX_SIGNATURE_CHARS = 1024
+
+
 def check_verifiable(job: JobPublic) -> None:
-    """Only a ``teacher_scoring`` corpus carries the trailer ``verify_corpus`` checks."""
-    if job.kind != "teacher_scoring":
+    """The corpus kinds ``verify_corpus`` knows (trailer line, or detached signature)."""
+    if job.kind not in VERIFIABLE_KINDS:
         raise InputError(
-            f"job {job.id} is a {job.kind} job: this client verifies teacher_scoring corpora"
-            " (signature trailer and every line) only",
+            f"job {job.id} is a {job.kind} job: this client verifies teacher_scoring and"
+            " off_policy_generation corpora only",
             rule="client.verify_kind",
             hint="download it with verify=False and check its detached signature",
         )
@@ -145,7 +154,15 @@ class ResultSink:
         announced = headers.get("x-kiln-result-sha256", "")
         if announced and announced != digest:
             raise invalid("the downloaded result does not hash to the SHA-256 the registry sent")
+        signature = headers.get(SIGNATURE_HEADER)
+        if signature is not None:
+            if len(signature) > MAX_SIGNATURE_CHARS or not signature.isascii():
+                raise invalid(f"the {SIGNATURE_HEADER} header is not a signature trailer line")
+            self._sig(self.partial).write_text(signature + "\n", encoding="ascii")
         return digest
+
+    def _sig(self, corpus: Path) -> Path:
+        return corpus.with_name(corpus.name + ".sig")
 
     def verify(self, keys: dict[str, Any] | None) -> CorpusSummary | None:
         if keys is None:
@@ -155,6 +172,10 @@ class ResultSink:
         return verify_corpus(self.partial, keys)
 
     def commit(self, digest: str, summary: CorpusSummary | None) -> DownloadedCorpus:
+        sig = self._sig(self.partial)
+        if sig.exists():
+            _fsync_file(sig)
+            os.replace(sig, self._sig(self.output))
         os.replace(self.partial, self.output)
         fd = os.open(self.output.parent, os.O_RDONLY)
         try:
@@ -166,3 +187,12 @@ class ResultSink:
     def discard(self) -> None:
         self._handle.close()
         self.partial.unlink(missing_ok=True)
+        self._sig(self.partial).unlink(missing_ok=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kiln_registry.client import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.corpus_verify import verify_corpus
@@ -93,6 +94,13 @@ def test_greedy_generation_job_matches_transformers_and_verifies(
         summary = verify_corpus(path, keys)
         assert summary.sequences == len(MESSAGES) and summary.job_id == job["id"]
         assert signature_path(path).is_file()
+        # The Python client downloads and verifies it, its detached signature beside it.
+        with RegistryClient(reg.url) as client:
+            got = client.download_result(job["id"], tmp_path / "out" / "gen.jsonl")
+        assert got.summary is not None and got.summary.sequences == len(MESSAGES)
+        assert got.path.read_bytes() == path.read_bytes()
+        assert signature_path(got.path).read_bytes() == signature_path(path).read_bytes()
+        assert sorted(p.name for p in got.path.parent.iterdir()) == ["gen.jsonl", "gen.jsonl.sig"]
         examples = _corpus(reg, job["id"])
         first = path.read_text().splitlines()[0]
         assert first == off_policy_manifest(teacher.identity)
