@@ -110,6 +110,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         Figure("gateway / vLLM socket directly", lambda r: [x["ratio"] for x in r["rounds"]],
                0.95, True),
     ), "scoring throughput through the teacher gateway vs the upstream's socket (20 ms upstream)"),
+    Benchmark("generation", ("bench_generation.py", "--rounds", "3"), (
+        Figure("generation job / teacher's own throughput",
+               lambda r: [x["job_vs_teacher"] for x in r["rounds"]], 0.9, True),
+    ), "off-policy generation job (200 prompts, 16 tokens, top-K 4) vs the reference teacher"),
 )  # fmt: skip
 
 
