@@ -30,7 +30,6 @@ from kiln_registry.observability.metrics import RegistryMetrics
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
-JOB_PROBE_TIMEOUT_S = 60.0
 REGISTRATION_PROBES = 4
 REGISTRATION_PROBES_PER_CALLER = 2
 JOB_PROBES = 2

@@ -1,4 +1,4 @@
-"""Response-allocation bounds (identity-spec.md section 6, as Kiln validates them).
+"""Response-allocation bounds (docs/identity.md section 6, as Kiln validates them).
 
 Owns the arithmetic that ties ``max_prompt_logprob_candidates`` to
 ``max_top_k`` and ``vocab_size``, with the relations Kiln's

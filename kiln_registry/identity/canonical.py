@@ -4,7 +4,7 @@ Owns the two JSON primitives every identity layout is built on:
 
 * ``canonical_json``: compact separators, raw UTF-8 (no ``\\uXXXX`` for
   non-ASCII), ``/`` not escaped, NaN and Infinity refused, the caller's key
-  order kept.  This is the byte form of identity-spec.md sections 1, 5, 7.
+  order kept.  This is the byte form of docs/identity.md sections 1, 5, 7.
 * ``strict_json_loads``: the reader for untrusted JSON.  It refuses input over
   a byte limit (checked before decoding), invalid UTF-8, duplicate keys,
   NaN/Infinity literals, numbers that overflow to infinity, lone surrogate

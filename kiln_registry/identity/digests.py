@@ -1,4 +1,4 @@
-"""Domain-separated digests of identity-spec.md sections 2, 3, 4 and 8.
+"""Domain-separated digests of docs/identity.md sections 2, 3, 4 and 8.
 
 Pure functions over already-measured records (raw 32-byte digests, lengths,
 labels).  Reading files is the job of ``identity.hashing`` and

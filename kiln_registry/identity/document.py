@@ -1,4 +1,4 @@
-"""The TeacherIdentityV1 document (identity-spec.md section 1).
+"""The TeacherIdentityV1 document (docs/identity.md section 1).
 
 Owns the 14-key identity, its value rules, its canonical bytes ``J``, its
 digest and revision, and the launcher's stricter rules (served-model-id

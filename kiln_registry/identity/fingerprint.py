@@ -1,6 +1,6 @@
 """The ``kiln-teacher-v1`` fingerprint: encoder and fail-closed verifier.
 
-Owns identity-spec.md section 1's fingerprint text,
+Owns docs/identity.md section 1's fingerprint text,
 ``kiln-teacher-v1.<base64url(J), no padding>.<hex(sha256(J))>``, and the
 verifier that accepts it only when every rule holds.  The verifier names the
 first rule that failed, in the spec's order, as ``FingerprintError`` with

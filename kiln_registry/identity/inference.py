@@ -1,4 +1,4 @@
-"""The inference configuration document and its digest (identity-spec.md section 7).
+"""The inference configuration document and its digest (docs/identity.md section 7).
 
 Owns ``kiln.vllm-inference-config.v2``: which launch variables enter the
 identity, the deterministic policy, and the exact key order of the document

@@ -1,4 +1,4 @@
-"""The precomputed teacher input ``kiln.vllm-teacher-input.v2`` (identity-spec.md section 9).
+"""The precomputed teacher input ``kiln.vllm-teacher-input.v2`` (docs/identity.md section 9).
 
 Owns reading and validating the strict input file that lets
 ``--manifest-only`` and ``--dry-run`` compute an identity without importing

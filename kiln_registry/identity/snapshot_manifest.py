@@ -1,4 +1,4 @@
-"""The staged-snapshot manifest of identity-spec.md section 5.
+"""The staged-snapshot manifest of docs/identity.md section 5.
 
 Owns the canonical bytes of ``snapshot-manifest.json``
 (``kiln.vllm-teacher-snapshot.v1``) and ``snapshot_content_sha256``: compact

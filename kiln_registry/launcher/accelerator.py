@@ -1,4 +1,4 @@
-"""The accelerator identity of the running runtime (identity-spec.md section 7).
+"""The accelerator identity of the running runtime (docs/identity.md section 7).
 
 Owns ``accelerator_identity``: the ``type``, ``driver`` and ``devices`` that
 an inference config binds, measured from the real runtime in the current

@@ -38,7 +38,6 @@ PathArg = str | os.PathLike[str]
 OWNER_NAME = ".kiln-owner"
 OWNER_SCHEMA = "kiln.launcher-owner.v1"
 MAX_OWNER_BYTES = 4096
-CHILD_KINDS = (".building", "ready", "cache")
 CHILD_NAME = re.compile(r"(\.building|ready|cache)-([1-9][0-9]{0,9})-([0-9a-f]{32})")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

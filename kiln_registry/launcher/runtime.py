@@ -1,4 +1,4 @@
-"""Installed-runtime identity (identity-spec.md section 8).
+"""Installed-runtime identity (docs/identity.md section 8).
 
 Owns ``runtime_versions`` (python, python_implementation and the versions of
 vllm, torch, transformers, tokenizers) and ``runtime_content``: the
@@ -77,7 +77,7 @@ def _distribution(package: str) -> importlib.metadata.Distribution:
 
 
 def runtime_versions(packages: Sequence[str] = RUNTIME_PACKAGES) -> dict[str, str]:
-    """Interpreter and package versions, in the order of identity-spec.md section 7."""
+    """Interpreter and package versions, in the order of docs/identity.md section 7."""
     versions = {
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),

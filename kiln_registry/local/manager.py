@@ -236,11 +236,6 @@ class LocalTeachers:
             slot = self._slots.get(alias)
             return slot is not None and slot.ready and not slot.stopped
 
-    def is_launching(self, alias: str) -> bool:
-        with self._lock:
-            slot = self._slots.get(alias)
-            return slot is not None and not slot.ready
-
     # -- launching ------------------------------------------------------------------
 
     def reserve(self, alias: str, profile_name: str) -> None:

@@ -1,4 +1,4 @@
-"""Static LoRA adapter inspection (identity-spec.md section 4).
+"""Static LoRA adapter inspection (docs/identity.md section 4).
 
 Owns ``inspect_adapter``: ``adapter_config.json`` must be a strict JSON
 object; exactly one of ``adapter_model.safetensors`` / ``adapter_model.bin``

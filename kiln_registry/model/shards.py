@@ -1,4 +1,4 @@
-"""Kiln's safetensors shard selection and the model width (identity-spec.md section 2).
+"""Kiln's safetensors shard selection and the model width (docs/identity.md section 2).
 
 Owns ``select_shards`` (which files of a model tree enter
 ``base_model_sha256``) and ``model_width`` (``vocab_size`` from config.json).

@@ -1,4 +1,4 @@
-"""Tokenizer digests (identity-spec.md section 3) from two independent views.
+"""Tokenizer digests (docs/identity.md section 3) from two independent views.
 
 Owns ``tokenizers_view`` (``tokenizer.json`` loaded with the ``tokenizers``
 library alone), ``transformers_view`` (``AutoTokenizer`` with local files

@@ -1,4 +1,4 @@
-"""Golden tests for kiln_registry.identity.digests (identity-spec.md sections 2, 3, 4, 8)."""
+"""Golden tests for kiln_registry.identity.digests (docs/identity.md sections 2, 3, 4, 8)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ VERSIONS: list[dict[str, Any]] = json.loads((VECTOR_DIR / "vllm_versions.json").
     "cases"
 ]
 
-# identity-spec.md section 1, written out by hand.
+# docs/identity.md section 1, written out by hand.
 GOLDEN_J = (
     '{"schema":"kiln.teacher-identity.v1",'
     '"protocol":"vllm.prompt-logprobs.numeric-token-ids.causal.v1",'

@@ -1,4 +1,4 @@
-"""Runtime content (identity-spec.md section 8) over real installed trees.
+"""Runtime content (docs/identity.md section 8) over real installed trees.
 
 Most tests build a small installed distribution (import tree, .dist-info,
 RECORD) on a temporary ``sys.path`` entry so the whole walk runs in

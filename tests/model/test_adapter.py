@@ -1,4 +1,4 @@
-"""Static adapter inspection (identity-spec.md section 4) on real directories."""
+"""Static adapter inspection (docs/identity.md section 4) on real directories."""
 
 from __future__ import annotations
 

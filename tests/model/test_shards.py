@@ -1,4 +1,4 @@
-"""Shard selection (identity-spec.md section 2) and the model width, on real files."""
+"""Shard selection (docs/identity.md section 2) and the model width, on real files."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from kiln_registry.api.context import JOB_PROBE_TIMEOUT_S, RegistryContext
+from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.jobs_schemas import (
     JOB_ID_PATTERN,
     AnyJobCreate,
@@ -189,7 +189,6 @@ async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext)
         probe_limiter=ctx.job_probe_limiter,  # jobs' own probe capacity (issue 15)
         count_probe=ctx.metrics.count_probe,
         count_sequence=ctx.metrics.count_sequence,
-        probe_timeout_s=JOB_PROBE_TIMEOUT_S,
     )
     workers = JobWorkers(env)
     await workers.start()
