@@ -54,7 +54,13 @@ from kiln_registry.config import KilnConfig
 from kiln_registry.db.legacy import MAX_LEGACY_ROWS, LegacyEntry, insert_legacy_entries
 from kiln_registry.db.repository import LegacyImportRepository, unit_of_work
 from kiln_registry.errors import InputError, KilnError
-from kiln_registry.identity.hashing import read_at_most
+from kiln_registry.identity.strict_read import (
+    DuplicateKeyError,
+    FileProblem,
+    Problem,
+    loads_strict,
+    read_regular_file,
+)
 from kiln_registry.legacy_entries import LEGACY_FIELD, legacy_entry
 
 log = logging.getLogger("kiln_registry.legacy_registry")
@@ -77,12 +83,6 @@ class ImportResult:
     deleted_since_import: tuple[str, ...] = ()
 
 
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
 def _shown(value: str) -> str:
     return repr(value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "...")
 
@@ -97,49 +97,29 @@ def _refuse(path: Path, message: str, rule: str) -> InputError:
 
 def _read_registry(path: Path) -> tuple[bytes, os.stat_result]:
     """The file's bytes and its stat: a regular file (not a symlink) of bounded size."""
-    try:
-        # O_NOFOLLOW: a symlink is refused, not followed; O_NONBLOCK: a FIFO cannot hang us.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if path.is_symlink():
-            raise _refuse(path, "is a symbolic link", "legacy.not_regular") from None
-        raise _refuse(path, f"cannot open ({exc.strerror})", "legacy.open") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _refuse(path, "is not a regular file", "legacy.not_regular")
-        if info.st_size > MAX_REGISTRY_BYTES:
-            raise _refuse(path, f"is larger than {MAX_REGISTRY_BYTES} bytes", "legacy.size")
-        data = read_at_most(fd, MAX_REGISTRY_BYTES)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_REGISTRY_BYTES:
-        raise _refuse(path, f"grew beyond {MAX_REGISTRY_BYTES} bytes", "legacy.size")
-    return data, info
 
+    def refuse(problem: FileProblem) -> InputError:
+        if problem.kind in (Problem.SYMLINK, Problem.NOT_REGULAR):
+            what = (
+                "is a symbolic link" if problem.kind is Problem.SYMLINK else "is not a regular file"
+            )
+            return _refuse(path, what, "legacy.not_regular")
+        if problem.kind is Problem.TOO_LARGE:
+            return _refuse(path, f"is larger than {MAX_REGISTRY_BYTES} bytes", "legacy.size")
+        if problem.kind is Problem.GREW:
+            return _refuse(path, f"grew beyond {MAX_REGISTRY_BYTES} bytes", "legacy.size")
+        return _refuse(path, f"cannot open ({problem.detail})", "legacy.open")
 
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _DuplicateKey(key)
-        obj[key] = value
-    return obj
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    return read_regular_file(path, limit=MAX_REGISTRY_BYTES, refuse=refuse)
 
 
 def _parse(path: Path, data: bytes) -> dict[str, Any]:
     """Strict JSON: UTF-8, duplicate keys refused at every level, an object at the top."""
     try:
-        doc = json.loads(
-            data.decode("utf-8"), object_pairs_hook=_unique_pairs, parse_constant=_no_constants
-        )
+        doc = loads_strict(data)
     except UnicodeDecodeError as exc:
         raise _refuse(path, f"is not UTF-8 (byte {exc.start})", "legacy.encoding") from None
-    except _DuplicateKey as exc:
+    except DuplicateKeyError as exc:
         raise _refuse(
             path,
             f"key {_shown(exc.key)} appears twice in one object (a duplicate alias or field)",
