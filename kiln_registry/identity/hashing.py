@@ -21,6 +21,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from kiln_registry.errors import IdentityError, KilnError
 from kiln_registry.identity.digests import FileRecord
@@ -262,10 +263,11 @@ def hash_files(
 
     The digests never depend on ``workers`` (default ``os.cpu_count()``).
     Larger files are started first so that the last worker is not left with
-    the biggest file.  Each worker thread takes the next file from one shared
-    list (no per-file task objects: runtime trees hold tens of thousands of
-    small files).  The first failure stops files not yet started; of the
-    files that failed, the error of the one started first is raised.
+    the biggest file.  A ``ThreadPoolExecutor`` runs ``workers`` loops, each
+    taking the next file from one shared list (one task per worker, not per
+    file: runtime trees hold tens of thousands of small files).  The first
+    failure stops files not yet started; of the files that failed, the error
+    of the one started first is raised.
     """
     if expected_lengths is not None and len(expected_lengths) != len(paths):
         raise ValueError("expected_lengths must match paths")
@@ -299,19 +301,14 @@ def hash_files(
                 failures[position] = exc
                 stop.set()
 
-    running: list[threading.Thread] = []
-    try:
-        for n in range(count):
-            thread = threading.Thread(target=work, name=f"kiln-hash-{n}", daemon=True)
-            thread.start()
-            running.append(thread)
-        for thread in running:
-            thread.join()
-    except BaseException:  # interrupted: start no further file, wait for the running ones
-        stop.set()
-        for thread in running:
-            thread.join()
-        raise
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="kiln-hash") as pool:
+        workers_done = [pool.submit(work) for _ in range(count)]
+        try:
+            for done in workers_done:
+                done.result()
+        except BaseException:  # interrupted: start no further file; the pool waits for the rest
+            stop.set()
+            raise
     if failures:
         raise failures[min(failures)]
     return [r for r in results if r is not None]
