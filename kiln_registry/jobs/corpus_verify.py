@@ -40,6 +40,7 @@ import numpy as np
 from kiln_registry.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
+from kiln_registry.identity.strict_read import loads_strict
 from kiln_registry.jobs.corpus import (
     ROW_FORMAT,
     ROW_KEYS,
@@ -48,7 +49,7 @@ from kiln_registry.jobs.corpus import (
     trailer_line,
 )
 from kiln_registry.jobs.signing import TRAILER_SCHEMA, PublicKey
-from kiln_registry.jobs.sources import EXTRA_CONTEXT_TOKENS, strict_json, token_ids_sha256
+from kiln_registry.jobs.sources import EXTRA_CONTEXT_TOKENS, token_ids_sha256
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 MAX_ROW_BYTES: Final = 256 << 20
@@ -93,7 +94,7 @@ def _error(where: str, rule: str, message: str) -> InputError:
 
 def _loads(raw: bytes, where: str) -> Any:
     try:
-        return strict_json(raw)
+        return loads_strict(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _error(where, "json", f"not strict JSON ({exc})") from None
 
@@ -204,7 +205,7 @@ class _LineChecker:
 
 def _trailer_fields(raw: bytes) -> tuple[str, str, str]:
     try:
-        value = strict_json(raw.removesuffix(b"\n"))
+        value = loads_strict(raw.removesuffix(b"\n"))
     except (UnicodeDecodeError, ValueError):
         value = None
     inner = value.get(TRAILER_SCHEMA) if isinstance(value, dict) else None

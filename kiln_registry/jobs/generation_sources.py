@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from kiln_registry.errors import JobInvalid
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.strict_read import loads_strict
 from kiln_registry.jobs.sources import (
     MAX_CORPUS_BYTES,
     MAX_LINE_BYTES,
@@ -35,7 +36,6 @@ from kiln_registry.jobs.sources import (
     JobSequence,
     _open_confined,
     confined_corpus_path,
-    strict_json,
 )
 
 ROLES: Final = ("system", "user", "assistant")
@@ -238,7 +238,7 @@ def corpus_prompts(
                 raise _invalid(where, "corpus_size", "the line or the corpus is too large")
             digest.update(raw)
             try:
-                value = strict_json(raw)
+                value = loads_strict(raw)
             except (UnicodeDecodeError, ValueError) as exc:
                 raise _invalid(where, "corpus_json", f"not strict JSON ({exc})") from None
             if not isinstance(value, dict) or sorted(value) != ["id", "messages"]:

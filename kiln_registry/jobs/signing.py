@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from kiln_registry.errors import ConfigError, InputError
-from kiln_registry.jobs.sources import strict_json
+from kiln_registry.identity.strict_read import FileProblem, Problem, loads_strict, read_regular_file
 
 KEY_FILE_NAME: Final = "corpus-signing.key"
 ALGORITHM: Final = "ed25519"
@@ -123,27 +123,31 @@ def _key_error(path: Path, problem: str, rule: str) -> ConfigError:
     )
 
 
+def _check_key_stat(path: Path, info: os.stat_result) -> None:
+    if info.st_uid != os.geteuid():
+        raise _key_error(path, "is owned by another user", "owner")
+    if info.st_mode & 0o077:
+        mode = oct(stat.S_IMODE(info.st_mode))
+        raise _key_error(path, f"has mode {mode}; it must be 0600", "mode")
+
+
 def _read_key_file(path: Path) -> bytes:
-    try:  # O_NONBLOCK: a FIFO planted here must not hang the start
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if path.is_symlink():
-            raise _key_error(path, "is a symbolic link", "symlink") from None
-        raise _key_error(path, f"cannot be opened ({exc.strerror})", "open") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _key_error(path, "is not a regular file", "file")
-        if info.st_uid != os.geteuid():
-            raise _key_error(path, "is owned by another user", "owner")
-        if info.st_mode & 0o077:
-            mode = oct(stat.S_IMODE(info.st_mode))
-            raise _key_error(path, f"has mode {mode}; it must be 0600", "mode")
-        if info.st_size > MAX_KEY_FILE_BYTES:
-            raise _key_error(path, "is too large to be a key", "format")
-        return os.read(fd, MAX_KEY_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
+    def refuse(problem: FileProblem) -> ConfigError:
+        if problem.kind is Problem.SYMLINK:
+            return _key_error(path, "is a symbolic link", "symlink")
+        if problem.kind is Problem.NOT_REGULAR:
+            return _key_error(path, "is not a regular file", "file")
+        if problem.kind in (Problem.TOO_LARGE, Problem.GREW):
+            return _key_error(path, "is too large to be a key", "format")
+        return _key_error(path, f"cannot be opened ({problem.detail})", "open")
+
+    data, _ = read_regular_file(
+        path,
+        limit=MAX_KEY_FILE_BYTES,
+        refuse=refuse,
+        check=lambda info: _check_key_stat(path, info),
+    )
+    return data
 
 
 def load_signer(path: Path) -> CorpusSigner:
@@ -252,7 +256,7 @@ def read_keys_file(path: Path) -> dict[str, PublicKey]:
     if len(data) > MAX_KEYS_FILE_BYTES:
         raise _keys_error(str(path), f"is larger than {MAX_KEYS_FILE_BYTES} bytes")
     try:
-        value = strict_json(data)
+        value = loads_strict(data)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _keys_error(str(path), f"is not strict JSON ({exc})") from None
     return parse_keys(value, str(path))

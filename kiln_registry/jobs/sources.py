@@ -18,7 +18,6 @@ never the database, httpx or FastAPI.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -30,6 +29,7 @@ import numpy as np
 
 from kiln_registry.errors import JobInvalid
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.strict_read import loads_strict
 
 MAX_SEQUENCES: Final = 100_000
 MAX_JOB_TOKENS: Final = 64_000_000
@@ -208,30 +208,9 @@ def _open_confined(path: Path, base: Path) -> BinaryIO:
         raise
 
 
-def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key[:40]!r}")
-        out[key] = value
-    return out
-
-
-def strict_json(raw: bytes) -> Any:
-    """UTF-8 JSON without duplicate keys or NaN/Infinity (ValueError otherwise)."""
-    text = raw.decode("utf-8")
-    return json.loads(
-        text, object_pairs_hook=no_duplicate_keys, parse_constant=refuse_json_constant
-    )
-
-
-def refuse_json_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse_line(raw: bytes, where: str) -> tuple[str, list[object]]:
     try:
-        value = strict_json(raw)
+        value = loads_strict(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _invalid(where, "corpus_json", f"not a strict JSON object ({exc})") from None
     if not isinstance(value, dict) or set(value) != CORPUS_KEYS:
