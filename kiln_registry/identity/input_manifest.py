@@ -19,11 +19,11 @@ Refusals are ``IdentityError`` with ``rule="input.<name>"`` (or
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kiln_registry.errors import IdentityError
+from kiln_registry.identity import strict_read
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.digests import ADAPTER_RANK_CAPS
 from kiln_registry.identity.document import (
@@ -35,6 +35,7 @@ from kiln_registry.identity.document import (
     check_text,
     show,
 )
+from kiln_registry.identity.strict_read import FileProblem, Problem
 
 INPUT_SCHEMA = "kiln.vllm-teacher-input.v2"
 MAX_INPUT_BYTES = 64 * 1024
@@ -261,34 +262,22 @@ def parse_teacher_input(data: bytes, *, source: str) -> TeacherInput:
 def read_regular_file(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> bytes:
     """Bytes of a regular, non-symlink file, refused above ``max_bytes`` before reading."""
     name = f"{what} {os.fsdecode(path)}"
-    try:
-        before = os.lstat(path)
-    except OSError as exc:
-        raise IdentityError(
-            f"cannot read {name}: {exc.strerror}", rule="input.unreadable"
-        ) from None
-    if not stat.S_ISREG(before.st_mode):
-        raise IdentityError(
-            f"{name} is not a regular file (symlinks are refused)", rule="input.not_regular"
-        )
-    if before.st_size > max_bytes:
-        raise IdentityError(
-            f"{name} is {before.st_size} bytes, over {max_bytes}", rule="input.too_large"
-        )
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise IdentityError(
-            f"cannot open {name}: {exc.strerror}", rule="input.unreadable"
-        ) from None
-    with os.fdopen(fd, "rb") as handle:
-        after = os.fstat(handle.fileno())
-        if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
-            raise IdentityError(f"{name} was replaced while being opened", rule="input.replaced")
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise IdentityError(f"{name} grew past {max_bytes} bytes", rule="input.too_large")
+
+    def refuse(problem: FileProblem) -> IdentityError:
+        if problem.kind in (Problem.SYMLINK, Problem.NOT_REGULAR):
+            return IdentityError(
+                f"{name} is not a regular file (symlinks are refused)", rule="input.not_regular"
+            )
+        if problem.kind is Problem.TOO_LARGE:
+            return IdentityError(
+                f"{name} is {problem.size} bytes, over {max_bytes}", rule="input.too_large"
+            )
+        if problem.kind is Problem.GREW:
+            return IdentityError(f"{name} grew past {max_bytes} bytes", rule="input.too_large")
+        verb = "open" if problem.kind is Problem.OPEN else "read"
+        return IdentityError(f"cannot {verb} {name}: {problem.detail}", rule="input.unreadable")
+
+    data, _ = strict_read.read_regular_file(path, limit=max_bytes, refuse=refuse)
     return data
 
 
