@@ -12,34 +12,14 @@ never torch or transformers.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 
 from kiln_registry.errors import IdentityError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.hashing import ReadRateLimiter
+from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 
 MAX_CONFIG_BYTES = 64 * 1024 * 1024
-_FLAGS = (
-    os.O_RDONLY
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-    | getattr(os, "O_NONBLOCK", 0)
-)
-
-
-def _open(path: str, rule: str) -> int:
-    try:
-        return os.open(path, _FLAGS)
-    except FileNotFoundError:
-        raise IdentityError(f"{path} does not exist", rule=f"{rule}.missing") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise IdentityError(f"{path} is a symbolic link", rule=f"{rule}.symlink") from None
-        raise IdentityError(
-            f"cannot open {path}: {exc.strerror}", rule=f"{rule}.unreadable"
-        ) from None
 
 
 def read_small_file(
@@ -51,35 +31,37 @@ def read_small_file(
 ) -> bytes:
     """All bytes of a regular file of at most ``max_bytes`` (checked before reading)."""
     text = os.fspath(path)
-    fd = _open(text, rule)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise IdentityError(f"{text} is not a regular file", rule=f"{rule}.not_regular")
-        if info.st_size > max_bytes:
+
+    def refuse(problem: FileProblem) -> IdentityError:
+        kind = problem.kind
+        if kind is Problem.MISSING:
+            return IdentityError(f"{text} does not exist", rule=f"{rule}.missing")
+        if kind is Problem.SYMLINK:
+            return IdentityError(f"{text} is a symbolic link", rule=f"{rule}.symlink")
+        if kind is Problem.NOT_REGULAR:
+            return IdentityError(f"{text} is not a regular file", rule=f"{rule}.not_regular")
+        if kind is Problem.GREW:
+            return _changed(text, rule)
+        verb = "open" if kind is Problem.OPEN else "read"
+        return IdentityError(f"cannot {verb} {text}: {problem.detail}", rule=f"{rule}.unreadable")
+
+    def check(info: os.stat_result) -> None:
+        if info.st_size > max_bytes:  # before the limiter counts the bytes
             raise IdentityError(
                 f"{text} is {info.st_size} bytes, over the limit of {max_bytes}",
                 rule=f"{rule}.too_large",
             )
         if limiter is not None:
             limiter.acquire(info.st_size)
-        chunks: list[bytes] = []
-        remaining = info.st_size
-        while remaining:
-            chunk = os.read(fd, min(remaining, 1024 * 1024))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        if remaining or os.read(fd, 1):
-            raise IdentityError(f"{text} changed size while it was read", rule=f"{rule}.changed")
-        return b"".join(chunks)
-    except OSError as exc:
-        raise IdentityError(
-            f"cannot read {text}: {exc.strerror}", rule=f"{rule}.unreadable"
-        ) from None
-    finally:
-        os.close(fd)
+
+    data, info = read_regular_file(text, limit=max_bytes, refuse=refuse, check=check)
+    if len(data) != info.st_size:
+        raise _changed(text, rule)
+    return data
+
+
+def _changed(text: str, rule: str) -> IdentityError:
+    return IdentityError(f"{text} changed size while it was read", rule=f"{rule}.changed")
 
 
 def read_json_object(
