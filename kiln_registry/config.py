@@ -15,7 +15,7 @@ model is built.
 
 Imports: standard library, pydantic, platformdirs, ``kiln_registry.errors``,
 ``kiln_registry.config_kiln``, ``kiln_registry.config_errors``,
-``kiln_registry.credentials``, ``kiln_registry.identity.hashing`` (the bounded
+``kiln_registry.credentials``, ``kiln_registry.identity.strict_read`` (the bounded
 read) and the pure ``kiln_registry.launcher.policy``; never the database,
 probe, API or FastAPI.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -58,7 +57,7 @@ from kiln_registry.credentials.secrets import (
     is_valid_env_name,
 )
 from kiln_registry.errors import ConfigError, KilnError, PolicyError
-from kiln_registry.identity.hashing import read_at_most
+from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.launcher.policy import classify_vllm_options
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -310,20 +309,16 @@ class KilnConfig(KilnSections):
 
 
 def _read_bounded(path: Path) -> bytes:
-    """The file's bytes: a regular file of at most ``MAX_CONFIG_BYTES``."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang; it is refused below.
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot open ({exc.strerror})", rule="config.open") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"{path}: not a regular file", rule="config.not_regular")
-        data = read_at_most(fd, MAX_CONFIG_BYTES)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes", rule="config.size")
+    """The file's bytes: a regular file of at most ``MAX_CONFIG_BYTES`` (symlinks followed)."""
+
+    def refuse(problem: FileProblem) -> ConfigError:
+        if problem.kind is Problem.NOT_REGULAR:
+            return ConfigError(f"{path}: not a regular file", rule="config.not_regular")
+        if problem.kind in (Problem.TOO_LARGE, Problem.GREW):
+            return ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes", rule="config.size")
+        return ConfigError(f"{path}: cannot open ({problem.detail})", rule="config.open")
+
+    data, _ = read_regular_file(path, limit=MAX_CONFIG_BYTES, refuse=refuse, follow_symlinks=True)
     return data
 
 

@@ -20,14 +20,13 @@
   per token for a stream's event framing; an error body is read up to
   64 KiB, as ``probe.client.body_cap`` does.
 
-Imports: standard library, orjson (a fast path whose verdicts equal the strict parser's)
-and sibling gateway modules.
+Imports: standard library, orjson (a fast path whose verdicts equal the strict parser's),
+sibling gateway modules and ``identity.strict_read`` (the strict parser).
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import re
 from typing import NamedTuple, TypeGuard
 
@@ -36,6 +35,7 @@ import orjson
 from kiln_registry.gateway.config import GatewayConfig
 from kiln_registry.gateway.http1 import RequestHead
 from kiln_registry.gateway.refusals import NOT_FOUND, Refusal, bad_param, not_found
+from kiln_registry.identity.strict_read import loads_strict
 
 COMPLETIONS = "completions"
 MODELS = "models"
@@ -159,26 +159,11 @@ def _count_keys(value: object) -> int:
 
 def _exact_parse(body: bytes) -> object:
     try:
-        return json.loads(
-            body.decode("utf-8"),
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-        )
+        return loads_strict(body)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise bad_param(
             "the body must be one UTF-8 JSON object without duplicate keys", "body"
         ) from None
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise ValueError("duplicate key")
-    return result
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _check_model(model: object, config: GatewayConfig) -> None:
