@@ -11,8 +11,8 @@ Owns the two JSON primitives every identity layout is built on:
   escapes, over-deep nesting and trailing data.
 
 Every refusal is an ``IdentityError`` whose ``rule`` is ``json.<name>`` and
-whose message names ``what`` was being read.  Imports: standard library and
-``kiln_registry.errors`` only.
+whose message names ``what`` was being read.  Imports: standard library,
+``kiln_registry.errors`` and ``identity.strict_read`` (the duplicate-key hook) only.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterator
 
 from kiln_registry.errors import IdentityError
+from kiln_registry.identity.strict_read import DuplicateKeyError, unique_object
 
 JSON_RULES: tuple[str, ...] = (
     "json.too_large",
@@ -63,15 +64,6 @@ def _finite_float(text: str) -> float:
     return number
 
 
-def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Refusal("json.duplicate_key", f"duplicate key {key[:80]!r}")
-        result[key] = value
-    return result
-
-
 class _Refusal(Exception):
     """Raised inside decoder hooks; converted to IdentityError at the boundary."""
 
@@ -82,7 +74,7 @@ class _Refusal(Exception):
 
 
 _DECODER = json.JSONDecoder(
-    object_pairs_hook=_unique_object,
+    object_pairs_hook=unique_object,
     parse_constant=_refuse_nan_literal,
     parse_float=_finite_float,
 )
@@ -141,6 +133,10 @@ def strict_json_loads(data: bytes | str, *, what: str, max_bytes: int) -> object
         value = _DECODER.decode(text)
     except _Refusal as exc:
         raise IdentityError(f"{what}: {exc.detail}", rule=exc.rule) from None
+    except DuplicateKeyError as exc:
+        raise IdentityError(
+            f"{what}: duplicate key {exc.key[:80]!r}", rule="json.duplicate_key"
+        ) from None
     except json.JSONDecodeError as exc:
         rule = "json.trailing_data" if exc.msg == "Extra data" else "json.syntax"
         raise IdentityError(
