@@ -10,9 +10,20 @@ warms the page cache, then alternates, in the same run:
   reports its own elapsed time and peak RSS.
 
 On a shared machine other processes steal CPU from either arm, so the
-minimum of the repeats is reported beside the median.  The kiln arm is
-repeated on a model with 1/8 of the shard size to show that peak memory
-does not grow with shard size.  Prints one JSON document.
+minimum of the repeats is reported beside the median.
+
+The fresh shards are written back (``os.sync``) before any round, so that
+dirty-page writeback does not compete with the measured arms.  The page
+cache must stay warm: this machine's kernel runs DAMON proactive reclaim
+(``pageout`` of file pages idle for about a minute), so each arm's
+system-wide ``workingset_refault_file`` count (pages read back after
+eviction) is reported; a large count means the arms read from disk.  Each
+round also reports ``two_thread_sha256_scaling``: two in-memory SHA-256
+passes on two threads against one after the other (no I/O, no kiln code).
+It is the ceiling of the kiln arm's speedup on this machine at that moment
+(2.0 on two idle cores; less when other processes or the host take a core).  The
+kiln arm is repeated on a model with 1/8 of the shard size to show that peak
+memory does not grow with shard size.  Prints one JSON document.
 
     .venv/bin/python bench/bench_identity.py [--mib 2048] [--shards 4] [--repeat 5]
 """
@@ -29,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +80,37 @@ def write_model(root: Path, shards: int, shard_mib: int) -> int:
                 out.write(os.urandom(64 * CHUNK))
         total += shard_mib * CHUNK
     return total
+
+
+def refaults() -> int:
+    """Pages read back after eviction, system-wide (0 where /proc/vmstat lacks it)."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("workingset_refault_file "):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def thread_scaling(mib: int = 256) -> float:
+    """How much faster 2 threads hash 2 in-memory buffers than 1 thread (no I/O; ceiling ~2)."""
+    data = os.urandom(mib * CHUNK)
+
+    def one() -> None:
+        hashlib.sha256(data).digest()
+
+    start = time.perf_counter()
+    one()
+    one()
+    serial = time.perf_counter() - start
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return serial / (time.perf_counter() - start)
 
 
 def baseline_seconds(root: Path) -> float:
@@ -118,10 +161,14 @@ def cpu_model() -> str:
 
 def measure(root: Path, repeat: int, workers: str) -> dict[str, object]:
     baseline_seconds(root)  # warm the page cache so both arms read from memory
-    base, kiln, runs = [], [], []
+    base, kiln, runs, faults, scaling = [], [], [], [], []
     for _ in range(repeat):
+        scaling.append(round(thread_scaling(), 3))
+        before = refaults()
         base.append(baseline_seconds(root))
+        middle = refaults()
         run = kiln_child(root, workers)
+        faults.append((middle - before, refaults() - middle))
         runs.append(run)
         kiln.append(run["seconds"])
     b, k = statistics.median(base), statistics.median(kiln)
@@ -137,6 +184,8 @@ def measure(root: Path, repeat: int, workers: str) -> dict[str, object]:
         "bytes_hashed": runs[0]["bytes_hashed"],
         "baseline_s": [round(x, 4) for x in base],
         "kiln_s": [round(x, 4) for x in kiln],
+        "refaults_baseline_kiln": faults,
+        "two_thread_sha256_scaling": scaling,
     }
 
 
@@ -153,6 +202,7 @@ def main() -> None:
         shard_mib = args.mib // args.shards
         write_model(work / "big", args.shards, shard_mib)
         write_model(work / "small", args.shards, max(64, shard_mib // 8))
+        os.sync()  # no writeback of the fresh shards during the measured rounds
         big = measure(work / "big", args.repeat, args.workers)
         small = measure(work / "small", args.repeat, args.workers)
         report = {
