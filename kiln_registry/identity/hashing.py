@@ -174,21 +174,6 @@ def digest_exactly(
     return digest.digest()
 
 
-def read_at_most(fd: int, max_bytes: int) -> bytes:
-    """The bytes of ``fd`` from its position, stopping after ``max_bytes + 1``.
-
-    A result longer than ``max_bytes`` tells the caller the file is too large;
-    no chunk is asked for beyond that one extra byte.
-    """
-    data = bytearray()
-    while len(data) <= max_bytes:
-        chunk = os.read(fd, min(CHUNK_BYTES, max_bytes + 1 - len(data)))
-        if not chunk:
-            break
-        data += chunk
-    return bytes(data)
-
-
 def _read_exactly(fd: int, path: str, length: int, limiter: ReadRateLimiter) -> bytes:
     """Hash exactly ``length`` bytes of ``fd`` (read sequentially from its start)."""
     return digest_exactly(
