@@ -43,9 +43,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
-from kiln_registry.errors import JobConflict, ProbeFailed
+from kiln_registry.errors import JobConflict, KilnError, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
+from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.jobs.corpus import trailer_line
 from kiln_registry.jobs.generation_sources import GenerationSettings
 from kiln_registry.jobs.generation_wire import Generated
@@ -65,12 +66,14 @@ def signature_path(corpus: Path) -> Path:
 
 def detached_signature(corpus: Path) -> str:
     """The trailer line of ``<corpus>.sig`` without its newline (``JobConflict`` if absent)."""
-    try:
-        raw = signature_path(corpus).read_bytes()[:MAX_SIGNATURE_BYTES]
-    except OSError:
-        raise JobConflict(
-            f"the signature of {corpus.name} is missing on disk", rule="job.result_missing"
-        ) from None
+
+    def refuse(problem: FileProblem) -> KilnError:
+        what = "too large" if problem.kind in (Problem.TOO_LARGE, Problem.GREW) else "missing"
+        return JobConflict(
+            f"the signature of {corpus.name} is {what} on disk", rule="job.result_missing"
+        )
+
+    raw, _ = read_regular_file(signature_path(corpus), limit=MAX_SIGNATURE_BYTES, refuse=refuse)
     return raw.rstrip(b"\n").decode("ascii", errors="replace")
 
 

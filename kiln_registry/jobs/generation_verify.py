@@ -26,9 +26,10 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from kiln_registry.errors import InputError
+from kiln_registry.errors import InputError, KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
+from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.jobs import corpus_verify as cv
 from kiln_registry.jobs.generation_output import EXAMPLE_KEYS, META_FORMAT, signature_path
 from kiln_registry.jobs.signing import PublicKey
@@ -148,10 +149,14 @@ class _ExampleChecker:
 
 def _signature(path: Path, keys: dict[str, PublicKey], size: int) -> cv.Trailer:
     sig = signature_path(path)
-    try:
-        raw = sig.read_bytes()[: cv.MAX_TRAILER_BYTES + 1]
-    except OSError as exc:
-        raise _error(str(sig), "open", f"cannot open ({exc.strerror})") from None
+
+    def refuse(problem: FileProblem) -> KilnError:
+        if problem.kind in (Problem.TOO_LARGE, Problem.GREW):
+            return _error("trailer", "trailer", "the signature trailer is malformed")
+        reason = problem.detail or problem.kind.value.replace("_", " ")
+        return _error(str(sig), "open", f"cannot open ({reason})")
+
+    raw, _ = read_regular_file(sig, limit=cv.MAX_TRAILER_BYTES, refuse=refuse)
     sha, key_id, signature = cv._trailer_fields(raw)
     trailer = cv.Trailer(sha, key_id, bytes.fromhex(signature), size)
     cv.check_trailer(trailer, keys)

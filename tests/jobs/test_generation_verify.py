@@ -66,3 +66,21 @@ def test_changes_to_a_generation_corpus_or_its_signature_are_refused(
     sig = path.with_name("c.jsonl.sig")
     sig.unlink()
     assert _refused(path, signer) == "corpus.unsigned"
+
+
+def test_an_oversized_or_linked_signature_file_is_refused_before_it_is_read(
+    tmp_path: Path, tokenizer: Any, tiny_model: TinyModel
+) -> None:
+    path, signer = _corpus(tmp_path, tokenizer, student_vocab(tiny_model.path)[0])
+    sig = path.with_name("c.jsonl.sig")
+    good = sig.read_bytes()
+    sig.write_bytes(good + b" " * (1 << 20))  # a bounded read: refused by its size
+    assert _refused(path, signer) == "corpus.trailer"
+    elsewhere = tmp_path / "real.sig"
+    elsewhere.write_bytes(good)
+    sig.unlink()
+    sig.symlink_to(elsewhere)  # the signature is read only from a regular file
+    assert _refused(path, signer) == "corpus.open"
+    sig.unlink()
+    sig.write_bytes(good)
+    assert verify_corpus(path, {signer.public.key_id: signer.public}).sequences == 3
