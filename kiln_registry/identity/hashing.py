@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import mmap
 import os
 import stat
 import threading
@@ -27,6 +28,8 @@ from kiln_registry.errors import IdentityError, KilnError
 from kiln_registry.identity.digests import FileRecord
 
 CHUNK_BYTES = 1024 * 1024
+# Buffers at least this large are page-aligned mappings (see ``_chunk_buffer``).
+ALIGNED_BUFFER_BYTES = 64 * 1024
 MIB = 1024 * 1024
 MAX_MIB_PER_SECOND = 16384
 MAX_WORKERS = 256
@@ -132,6 +135,21 @@ def _open_regular(path: str) -> tuple[int, os.stat_result]:
 ReadInto = Callable[[memoryview, int], int | None]
 
 
+def _chunk_buffer(size: int) -> bytearray | mmap.mmap:
+    """A writable buffer of ``size`` bytes; page-aligned (anonymous mmap) when large.
+
+    Reads copy from page-aligned page-cache pages.  A ``bytearray`` of 1 MiB
+    is a fresh ``malloc`` mapping whose data starts 16 bytes into a page, and
+    on this project's AMD machines a copy whose destination sits just past its
+    source modulo 4 KiB runs about 5x slower (4K aliasing): 0.30 s against
+    0.056 s for 512 MiB from a warm page cache.  Small buffers stay bytearrays
+    (a mapping per small file would cost more than it saves).
+    """
+    if size < ALIGNED_BUFFER_BYTES:
+        return bytearray(size)
+    return mmap.mmap(-1, size)
+
+
 def digest_exactly(
     read_into: ReadInto,
     length: int,
@@ -153,11 +171,10 @@ def digest_exactly(
     ``verb`` ("while it was read").
     """
     digest = hashlib.sha256()
-    buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
-    view = memoryview(buffer)
+    view = memoryview(_chunk_buffer(min(CHUNK_BYTES, max(length, 1))))
     offset = 0
     while offset < length:
-        want = min(len(buffer), length - offset)
+        want = min(len(view), length - offset)
         limiter.acquire(want)
         got = read_into(view[:want], offset)
         if not got:
