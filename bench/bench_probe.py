@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import orjson
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe import fastscan, verify
 from kiln_registry.probe.fastscan import (

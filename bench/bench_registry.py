@@ -52,7 +52,7 @@ def run_bare(port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    from kiln_registry.server import LOG_LEVELS, configure_logging
+    from kiln_registry.serve.startup import LOG_LEVELS, configure_logging
 
     app = FastAPI()
 

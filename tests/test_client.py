@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kiln_registry.api.schemas import TeacherStatus
-from kiln_registry.client import RegistryClient, RegistryClientError
-from kiln_registry.errors import InputError
+from kiln_registry.client.sync import RegistryClient, RegistryClientError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port
 from tests.probe.teacher_server import Reply, Request, TeacherServer
@@ -33,9 +33,9 @@ def serve_registry(tmp: Path, student: Path) -> Iterator[str]:
     import uvicorn
 
     from kiln_registry.api.app import create_app
-    from kiln_registry.config import load_config
+    from kiln_registry.config.settings import load_config
     from kiln_registry.reference_teacher.app import bind_socket
-    from kiln_registry.server import build_context
+    from kiln_registry.serve.startup import build_context
 
     config_path = tmp / "kiln.toml"
     config_path.write_text(

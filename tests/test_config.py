@@ -10,7 +10,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from kiln_registry.config import (
+from kiln_registry.config.kiln import KilnServerKeys
+from kiln_registry.config.settings import (
     MAX_CONFIG_BYTES,
     CredentialConfig,
     JobsConfig,
@@ -23,8 +24,7 @@ from kiln_registry.config import (
     default_database_path,
     load_config,
 )
-from kiln_registry.config_kiln import KilnServerKeys
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "kiln.toml.example"

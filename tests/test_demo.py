@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 
 from kiln_registry.cli.demo_cmds import render_result
-from kiln_registry.config import load_config
-from kiln_registry.demo import (
+from kiln_registry.config.settings import load_config
+from kiln_registry.demo.run import (
     COMPLETE_NAME,
     MODEL_DIR_NAME,
     ensure_demo_model,
     model_is_complete,
     write_config,
 )
-from kiln_registry.errors import InputError, LauncherError
+from kiln_registry.domain.errors import InputError, LauncherError
 from kiln_registry.testing.tiny_models import TinyModel
 
 DEMO = [sys.executable, "-m", "kiln_registry.cli.main", "demo"]

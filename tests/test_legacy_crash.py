@@ -31,7 +31,7 @@ import pytest
 
 from kiln_registry.db.engine import head_revision, open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.legacy import LEGACY_STATUS_MESSAGE
-from kiln_registry.legacy_registry import import_legacy_registry
+from kiln_registry.legacy.registry import import_legacy_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-crash-PLANTED-0b7d2e19c4"
@@ -63,7 +63,7 @@ from pathlib import Path
 from sqlalchemy import event
 
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
-from kiln_registry.legacy_registry import import_legacy_registry
+from kiln_registry.legacy.registry import import_legacy_registry
 
 POINT = os.environ["LEGACY_CRASH_POINT"]
 MARKER = Path(os.environ["LEGACY_CRASH_MARKER"])

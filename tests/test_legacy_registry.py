@@ -22,13 +22,13 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config import load_config
+from kiln_registry.config.settings import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.legacy import LEGACY_NO_IDENTITY_MESSAGE, LEGACY_STATUS_MESSAGE
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.errors import RELEASE_NOTE, InputError
-from kiln_registry.legacy_registry import (
+from kiln_registry.domain.errors import RELEASE_NOTE, InputError
+from kiln_registry.legacy.registry import (
     MAX_REGISTRY_BYTES,
     import_configured_legacy_registry,
     import_legacy_registry,

@@ -28,14 +28,14 @@ import httpx
 import pytest
 
 from kiln_registry.api.app import create_app
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.launcher.supervisor import HealthTarget, ProcessGroup
 from kiln_registry.local.manager import LaunchSpec, launch_environment, launcher_argv
 from kiln_registry.model.inspect import inspect_model
 from kiln_registry.reference_teacher.identity import RuntimeVersions, reference_identity
-from kiln_registry.server import build_context, prepare
+from kiln_registry.serve.startup import build_context, prepare
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import _uvicorn_thread, toml_str, write_config
 from tests.helpers import free_port
@@ -218,7 +218,7 @@ def setup(tmp_path: Path, tiny_model: TinyModel) -> Setup:
 
 
 def test_profile_becomes_launcher_flags_on_loopback(setup: Setup) -> None:
-    from kiln_registry.config import load_config
+    from kiln_registry.config.settings import load_config
     from kiln_registry.launcher.policy import parse_launcher_argv
 
     profile = load_config(setup.config).teachers.local[PROFILE]
@@ -360,7 +360,7 @@ def test_second_alias_on_a_busy_profile_is_refused(setup: Setup, identity: Teach
 SERVE_SCRIPT = """
 import sys
 from pathlib import Path
-from kiln_registry.server import run_server
+from kiln_registry.serve.startup import run_server
 from tests.test_local_teachers import FakePrepare
 run_server(Path(sys.argv[1]), port=int(sys.argv[2]), local_prepare=FakePrepare(sys.argv[3]))
 """

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from kiln_registry.cli.main import run
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.parity import (
+from kiln_registry.parity.grade import grade
+from kiln_registry.parity.run import (
     ParityOptions,
     ParityTarget,
     check_comparable,
@@ -30,7 +31,6 @@ from kiln_registry.parity import (
     parity,
     parity_prompts,
 )
-from kiln_registry.parity_grade import grade
 from kiln_registry.probe.verify import RowsCheck
 from kiln_registry.testing.tiny_models import TinyModel, build_tiny_llama
 from tests.helpers import serve_app

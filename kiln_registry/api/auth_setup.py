@@ -16,8 +16,8 @@ from kiln_registry.auth.cache import TokenTable
 from kiln_registry.auth.middleware import AuthMiddleware
 from kiln_registry.auth.repository import AuditBounds
 from kiln_registry.auth.store import AuthStore
-from kiln_registry.config import ServerConfig
-from kiln_registry.config_access import auth_required
+from kiln_registry.config.access import auth_required
+from kiln_registry.config.settings import ServerConfig
 
 
 def install_auth(app: FastAPI, ctx: RegistryContext) -> None:

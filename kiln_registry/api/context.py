@@ -8,7 +8,7 @@ the loaded student's vocabulary view, the probe limiter and the metrics.
 The outbound HTTP client is created in the app's lifespan (never at import
 time) and attached here.  Nothing in this module touches the network.
 
-Imports: SQLAlchemy, httpx (the type only), ``kiln_registry.config``,
+Imports: SQLAlchemy, httpx (the type only), ``kiln_registry.config.settings``,
 ``kiln_registry.db``, ``kiln_registry.probe`` and ``observability.metrics``; never FastAPI.
 """
 
@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.api.entry_cache import EntryCache
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.engine import BEGIN_OPTION, session_factory
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.observability.metrics import RegistryMetrics

@@ -31,7 +31,7 @@ from kiln_registry.api.schemas import (
     TeacherStatus,
 )
 from kiln_registry.db.models import TeacherRow
-from kiln_registry.errors import RELEASE_NOTE
+from kiln_registry.domain.errors import RELEASE_NOTE
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 

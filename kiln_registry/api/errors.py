@@ -8,7 +8,7 @@ each bad field (never the submitted values), and anything unexpected as a
 generic 500 whose body says nothing internal (the traceback goes to the
 log, which is redacted).  As a last line of defence every rendered message
 and hint is scrubbed of the current values of the configured secret
-variables.  Imports FastAPI/Starlette, ``kiln_registry.errors`` and the
+variables.  Imports FastAPI/Starlette, ``kiln_registry.domain.errors`` and the
 credential redaction helpers only.
 """
 
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln_registry.credentials.redaction import redact_text
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 log = logging.getLogger("kiln_registry.api")
 

@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from kiln_registry.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS
 from kiln_registry.api.wire import Sha256Hex, Sha256Ref, WireModel
+from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS
 from kiln_registry.jobs.models import JobRow
 
 MAX_INLINE_SEQUENCES = 10_000

@@ -29,11 +29,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.credentials.resolve import resolve_teacher_endpoint
 from kiln_registry.credentials.secrets import secret_problem
 from kiln_registry.db.models import TeacherRow
-from kiln_registry.errors import RELEASE_NOTE, KilnError
+from kiln_registry.domain.errors import RELEASE_NOTE, KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local.student import adapter_problem
 from kiln_registry.probe.verify import StudentView, check_student

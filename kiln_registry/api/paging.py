@@ -9,7 +9,7 @@ the other lists (receipts, jobs, audit events), tagged with the list's name
 so a cursor of one list is refused by another.  A cursor that does not
 decode is ``400 invalid_request`` (rule ``page.cursor``).
 
-Imports the standard library and ``kiln_registry.errors`` only.
+Imports the standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import base64
 import binascii
 import json
 
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 DEFAULT_PAGE = 1000
 MAX_PAGE = 1000

@@ -11,7 +11,7 @@ without a value are omitted, never ``null``, as in Kiln's artifact schema
 ``off_policy_manifest``, ``status_message``); ``capabilities`` and the other
 spec fields are required and nullable; the identity keeps ``"adapter": null``.
 
-Imports pydantic, ``kiln_registry.aliases`` and ``api.wire`` only.
+Imports pydantic, ``kiln_registry.domain.aliases`` and ``api.wire`` only.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from pydantic import (
     model_validator,
 )
 
-from kiln_registry.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
 from kiln_registry.api.all_errors import validate_all
 from kiln_registry.api.wire import Count as Count
 from kiln_registry.api.wire import Sha256Hex as Sha256Hex
 from kiln_registry.api.wire import Sha256Ref as Sha256Ref
 from kiln_registry.api.wire import WireModel as WireModel
+from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
 
 # The alias rule as a regular expression (ECMA-262 and Python ``re`` agree on it).
 ALIAS_PATTERN = re.compile(ALIAS_JSON_PATTERN)

@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 from kiln_registry.api.errors import invalid_code
 from kiln_registry.api.jobs_schemas import MAX_INLINE_SEQUENCES, MAX_INLINE_TOKENS
 from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES
-from kiln_registry.errors import IdentityError, KilnError
+from kiln_registry.domain.errors import IdentityError, KilnError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.probe.client import PROBE_CALLER
 

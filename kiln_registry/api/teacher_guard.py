@@ -8,7 +8,7 @@ address (IPv6 in brackets), each optionally with ``:port``.  Unset: any host.
 The check compares names, not resolved addresses: confine by address with a
 pattern that names addresses, or resolve names you trust.
 
-Imports the standard library and ``kiln_registry.errors`` only.
+Imports the standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Sequence
 
-from kiln_registry.errors import RegistrationInvalid
+from kiln_registry.domain.errors import RegistrationInvalid
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -59,7 +59,7 @@ from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.credentials.resolve import ResolvedTeacher, resolve_teacher_endpoint
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository
-from kiln_registry.errors import (
+from kiln_registry.domain.errors import (
     RELEASE_NOTE,
     AliasExists,
     IdentityRequired,

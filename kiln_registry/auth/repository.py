@@ -26,7 +26,7 @@ from kiln_registry.auth.tokens import (
     token_digest,
 )
 from kiln_registry.db.models import utc_timestamp
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.errors import InputError, KilnError
 
 MAX_TOKENS: Final = 1000
 MAX_AUDIT_LIMIT: Final = 1000

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from kiln_registry.auth.repository import ReservedAliases
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 __all__ = ["AliasReserved", "ReservedAliases", "refuse_reserved"]
 

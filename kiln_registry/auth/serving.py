@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from kiln_registry.auth.tokens import TOKEN_PREFIX, redact_tokens
-from kiln_registry.config_access import AccessKeys, auth_required, is_loopback
-from kiln_registry.errors import ConfigError
+from kiln_registry.config.access import AccessKeys, auth_required, is_loopback
+from kiln_registry.domain.errors import ConfigError
 
-log = logging.getLogger("kiln_registry.server")
+log = logging.getLogger("kiln_registry.serve.startup")
 
 WARN_INTERVAL_S: Final = 3600.0
 WARNING: Final = (

@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Final
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 
 TOKEN_PREFIX: Final = "kiln_"
 TOKEN_RANDOM_BYTES: Final = 32

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from kiln_registry.cli.server_options import client_access, server_options, server_url
-from kiln_registry.client import RegistryClient
+from kiln_registry.client.sync import RegistryClient
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 

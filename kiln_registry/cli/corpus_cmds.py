@@ -20,7 +20,7 @@ what ``--public-key`` reads.
 Failures are ``KilnError``s (``kiln`` prints one line and exits 2); with
 ``corpus verify --json`` a failure is printed as ``{"ok": false, "error":
 {code, rule, message, hint}}`` on stdout instead (still exit status 2).
-Imports: standard library, ``kiln_registry.client``, ``cli.jobs_cmds``, and
+Imports: standard library, ``kiln_registry.client.sync``, ``cli.jobs_cmds``, and
 lazily ``config`` and ``jobs``; never FastAPI.
 """
 
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from kiln_registry.cli.jobs_cmds import SERVER_ENV, _common, _seconds
 from kiln_registry.cli.server_options import add_access_options, client_access
-from kiln_registry.client import DEFAULT_SERVER, RegistryClient
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.client.sync import DEFAULT_SERVER, RegistryClient
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.observability.progress import ProgressBar
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _local_keys(config_path: Path) -> list[PublicKey]:
-    from kiln_registry.config import load_config
+    from kiln_registry.config.settings import load_config
     from kiln_registry.jobs.signing import key_path, load_signer
 
     config = load_config(config_path)

@@ -1,4 +1,4 @@
-"""``kiln demo``: the README's first command (see ``kiln_registry.demo``).
+"""``kiln demo``: the README's first command (see ``kiln_registry.demo.run``).
 
 Owns the command's flags and its output: progress lines on stderr, then on
 stdout either a human summary (the registered entry and the off-policy
@@ -58,7 +58,7 @@ def render_result(result: dict[str, Any]) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from kiln_registry.demo import run_demo
+    from kiln_registry.demo.run import run_demo
 
     try:
         result = run_demo(args.cache_dir, progress=_progress)

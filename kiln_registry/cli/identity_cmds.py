@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from kiln_registry.cli.argtypes import positive_int
-from kiln_registry.errors import IdentityError, InputError
+from kiln_registry.domain.errors import IdentityError, InputError
 from kiln_registry.identity.digests import tokenizer_vocab_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import snapshot_content_sha256

@@ -12,7 +12,7 @@ directories created) or copied to stdout.  ``cache stats`` and
 (it must already be at the current schema revision; ``kiln serve`` migrates).
 
 Failures are ``KilnError``s: ``kiln`` prints one line and exits 2.  Imports:
-standard library, ``kiln_registry.client``/``config``/``db``/``errors``,
+standard library, ``kiln_registry.client.sync``/``config``/``db``/``errors``,
 ``api.jobs_schemas`` and ``jobs``; never FastAPI or torch.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 from kiln_registry.api.jobs_schemas import JobPublic, JobsListResponse
 from kiln_registry.cli.server_options import add_access_options, client_access
 from kiln_registry.cli.teachers_cmds import printable, table
-from kiln_registry.client import DEFAULT_SERVER, RegistryClient
-from kiln_registry.errors import ConfigError, InputError
+from kiln_registry.client.sync import DEFAULT_SERVER, RegistryClient
+from kiln_registry.domain.errors import ConfigError, InputError
 from kiln_registry.observability.progress import ProgressBar
 
 SubParsers = Any  # argparse's _SubParsersAction is private
@@ -167,7 +167,7 @@ def _result(args: argparse.Namespace) -> int:
 
 
 def _open_database(config_path: Path) -> Any:
-    from kiln_registry.config import load_config
+    from kiln_registry.config.settings import load_config
     from kiln_registry.db.engine import current_revision, head_revision, open_engine
 
     config = load_config(config_path)

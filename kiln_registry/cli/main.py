@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 from kiln_registry.version import package_version
 
 # Command-group modules, in the order their commands appear in --help.  A

@@ -5,7 +5,7 @@ binds its listener (``SO_REUSEADDR``; IPv6 for an IPv6 literal, else IPv4);
 ``EADDRINUSE`` or ``EACCES`` becomes a ``ConfigError`` naming the address and
 what to do, instead of uvicorn's log line and exit status 1.  A port taken in
 the instant between this check and uvicorn's bind still fails in uvicorn.
-Imports the standard library and ``kiln_registry.errors`` only.
+Imports the standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 
 
 def ensure_port_free(host: str, port: int) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_registry.cli.argtypes import integer, positive_int
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 MAX_THREADS = 8

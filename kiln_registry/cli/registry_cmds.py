@@ -1,7 +1,7 @@
 """``kiln registry import --config kiln.toml PATH``: import a legacy ``teachers.json``.
 
 Owns the argument parsing and the JSON summary on stdout.  The work is
-``kiln_registry.legacy_registry.import_legacy_registry`` against the
+``kiln_registry.legacy.registry.import_legacy_registry`` against the
 configured database, upgraded to head first (a legacy SQLite registry is
 converted by that upgrade).  The summary names aliases and counts only,
 never a value of the removed ``api_key_env``.  Bad input raises
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.config import load_config
+from kiln_registry.config.settings import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
-from kiln_registry.legacy_registry import import_legacy_registry
+from kiln_registry.legacy.registry import import_legacy_registry
 from kiln_registry.observability.progress import ProgressBar
 
 SubParsers = Any  # argparse's _SubParsersAction is private

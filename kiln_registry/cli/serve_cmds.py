@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 
 DEFAULT_OPENAPI_PATH = Path("openapi") / "kiln-registry.openapi.json"
 
@@ -44,7 +44,7 @@ def _openapi(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from kiln_registry.cli.ports import ensure_port_free
-    from kiln_registry.server import prepare, run_server
+    from kiln_registry.serve.startup import prepare, run_server
 
     server = prepare(args.config, host=args.host, port=args.port).server
     ensure_port_free(server.host, server.port)  # one `kiln: error:` line, exit status 2

@@ -9,7 +9,7 @@ client's keyword arguments), ``--json`` and
 parent parser, the ``seconds`` and ``number`` argument types, and
 ``server_url`` (which URL a parsed command talks to).
 
-Imports: standard library and ``kiln_registry.client`` (for its default URL).
+Imports: standard library and ``kiln_registry.client.sync`` (for its default URL).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.client import DEFAULT_SERVER
-from kiln_registry.client_tls import CERT_ENV, KEY_ENV, TOKEN_ENV, client_cert_from, token_from_env
+from kiln_registry.client.sync import DEFAULT_SERVER
+from kiln_registry.client.tls import CERT_ENV, KEY_ENV, TOKEN_ENV, client_cert_from, token_from_env
 
 SERVER_ENV = "KILN_SERVER"
 MAX_TIMEOUT_SECONDS = 3600

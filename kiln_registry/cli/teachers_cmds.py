@@ -11,8 +11,8 @@ The registry is ``--server URL``, else ``$KILN_SERVER``, else
 line and exits 2.  ``parity`` exits 0 for ``identical`` and
 ``within_tolerance`` and 1 for ``mismatch``.
 
-Imports: standard library, ``kiln_registry.client``, ``kiln_registry.errors``,
-``cli.server_options`` and (inside the command) ``kiln_registry.parity``; never
+Imports: standard library, ``kiln_registry.client.sync``, ``kiln_registry.domain.errors``,
+``cli.server_options`` and (inside the command) ``kiln_registry.parity.run``; never
 FastAPI, the database or torch.
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from kiln_registry.api.schemas import ProbeReportPublic, TeacherEntry
 from kiln_registry.cli.server_options import client_access, number, server_options, server_url
-from kiln_registry.client import RegistryClient
-from kiln_registry.errors import InputError
+from kiln_registry.client.sync import RegistryClient
+from kiln_registry.domain.errors import InputError
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 REVISION_PREFIX = 12
@@ -247,7 +247,7 @@ def _positions(text: str) -> tuple[str, ...]:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    from kiln_registry.parity import ParityOptions, ParityTarget, parity
+    from kiln_registry.parity.run import ParityOptions, ParityTarget, parity
 
     if len(args.url) != 2:
         raise InputError("give exactly two --url flags (teacher A, teacher B)", rule="parity.urls")

@@ -3,7 +3,7 @@
 The TOML names an origin and an environment variable; this package checks
 the origin's canonical form, binds a teacher URL to it, and reads the secret
 only through a ``SecretHandle`` immediately before a request.  Nothing here
-imports httpx, the database, FastAPI or ``kiln_registry.config``.
+imports httpx, the database, FastAPI or ``kiln_registry.config.settings``.
 """
 
 from kiln_registry.credentials.origin import (

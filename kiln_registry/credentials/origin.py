@@ -19,7 +19,7 @@ address.
 Neither function resolves names, opens sockets or reads the environment.  Error messages
 never echo a whole URL, because its userinfo or query could hold a secret.
 Imports: standard library, ``idna`` (already required by httpx) and
-``kiln_registry.errors``; never httpx, the database or FastAPI.
+``kiln_registry.domain.errors``; never httpx, the database or FastAPI.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import NoReturn
 
 import idna
 
-from kiln_registry.errors import ConfigError, RegistrationInvalid
+from kiln_registry.domain.errors import ConfigError, RegistrationInvalid
 
 MAX_URL_LENGTH = 2048
 MAX_ORIGIN_LENGTH = 300

@@ -6,8 +6,8 @@ variable must be usable now; without one, the URL must be an exact loopback
 URL and the registry server itself must be bound to loopback.  The result
 carries a ``SecretHandle`` (a variable name), never a secret value.
 
-Imports: standard library, ``kiln_registry.errors`` and the sibling
-credential modules; never ``kiln_registry.config`` (credentials are passed
+Imports: standard library, ``kiln_registry.domain.errors`` and the sibling
+credential modules; never ``kiln_registry.config.settings`` (credentials are passed
 in as anything with ``origin`` and ``api_key_env``), httpx, the database or
 FastAPI.
 """
@@ -20,7 +20,7 @@ from typing import Protocol
 
 from kiln_registry.credentials.origin import TeacherEndpoint, is_loopback_host, parse_teacher_url
 from kiln_registry.credentials.secrets import SecretHandle
-from kiln_registry.errors import CredentialError, RegistrationInvalid
+from kiln_registry.domain.errors import CredentialError, RegistrationInvalid
 
 _MAX_SHOWN_ID = 64
 

@@ -7,7 +7,7 @@ variable is missing, not valid Unicode (``os.environ`` keeps undecodable
 bytes as lone surrogates), blank, or not sendable as an HTTP header value.
 Messages, reprs and exceptions name the variable and never its value.
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kiln_registry.errors import CredentialError
+from kiln_registry.domain.errors import CredentialError
 
 MAX_ENV_NAME_LENGTH = 128
 MAX_SECRET_LENGTH = 8192

@@ -30,10 +30,12 @@ to the newest Alembic revision:
 * ``session_factory(engine)`` builds the Session factory that
   ``repository.unit_of_work`` uses.
 
-The Alembic scripts live in ``kiln_registry/migrations/`` (env, template,
-``versions/``), shipped as package data, so a source checkout, an editable
-install and a wheel install all find them next to the package;
-``migrations_dir()`` refuses clearly when they are missing.
+The Alembic scripts live in the repository's top-level ``migrations/`` (env,
+template, ``versions/``); the build maps that folder into the package as
+``kiln_registry.migrations`` (``package-dir`` in ``pyproject.toml``), so a
+wheel carries them inside the package and an editable install resolves the
+same name to the source folder.  ``migrations_dir()`` asks the import system
+where that package is and refuses clearly when the scripts are missing.
 
 Imports: the standard library, SQLAlchemy, Alembic, ``kiln_registry``'s
 errors and ``kiln_registry.db.legacy``; never the API, probe or launcher layers.
@@ -41,6 +43,7 @@ errors and ``kiln_registry.db.legacy``; never the API, probe or launcher layers.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sqlite3
 from collections.abc import Iterator
@@ -56,9 +59,8 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-import kiln_registry
 from kiln_registry.db.legacy import LEGACY_BASE_REVISION, check_legacy_rows, is_legacy_v0
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 
 log = logging.getLogger("kiln_registry.db")
 
@@ -71,8 +73,10 @@ DatabaseShape = Literal["empty", "alembic", "legacy_v0", "unknown"]
 
 
 def migrations_dir() -> Path:
-    """The package's ``migrations/`` directory (see the module docstring)."""
-    path = Path(kiln_registry.__file__).resolve().parent / "migrations"
+    """The folder of ``kiln_registry.migrations`` (see the module docstring)."""
+    spec = importlib.util.find_spec("kiln_registry.migrations")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(locations[0]).resolve() if locations else Path("kiln_registry/migrations")
     if not (path / "env.py").is_file():
         raise ConfigError(
             f"the Alembic scripts are not at {path}",

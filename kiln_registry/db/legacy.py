@@ -18,9 +18,9 @@ This module owns:
 ``api_key_env`` is never selected or passed through here: the SQLite
 conversion never reads that column, and ``LegacyEntry`` has no such field.
 
-Imports: the standard library, SQLAlchemy, ``kiln_registry.aliases``,
+Imports: the standard library, SQLAlchemy, ``kiln_registry.domain.aliases``,
 ``kiln_registry.db.models``, ``kiln_registry.db.repository`` and
-``kiln_registry.errors`` only; never the
+``kiln_registry.domain.errors`` only; never the
 API, the engine module or Alembic.
 """
 
@@ -33,10 +33,10 @@ from typing import Final
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
-from kiln_registry.aliases import alias_problem
 from kiln_registry.db.models import TEACHER_KINDS, TeacherRow
 from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.aliases import alias_problem
+from kiln_registry.domain.errors import ConfigError
 
 LEGACY_BASE_REVISION: Final = "0000_legacy_base"
 MAX_LEGACY_ROWS: Final = 10_000
@@ -112,7 +112,7 @@ def is_legacy_v0(conn: Connection) -> bool:
 
 
 def _row_problem(alias: object, kind: object) -> tuple[str, str] | None:
-    # The API's alias rule (kiln_registry.aliases): an alias outside it could
+    # The API's alias rule (kiln_registry.domain.aliases): an alias outside it could
     # not be addressed, so not deleted, over the API.
     problem = alias_problem(alias)
     if problem is not None:

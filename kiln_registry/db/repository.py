@@ -15,7 +15,7 @@ redaction; callers must still keep secrets out of ``notes``, status messages
 and receipt reports.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` and
-``kiln_registry.errors`` only.
+``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.aliases import alias_fold
 from kiln_registry.db.models import (
     LEGACY_IMPORT_OUTCOMES,
     RECEIPT_OUTCOMES,
@@ -42,7 +41,8 @@ from kiln_registry.db.models import (
     TeacherRow,
     utc_timestamp,
 )
-from kiln_registry.errors import (
+from kiln_registry.domain.aliases import alias_fold
+from kiln_registry.domain.errors import (
     AliasExists,
     InputError,
     RegistrationInvalid,

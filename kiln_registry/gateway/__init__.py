@@ -12,7 +12,7 @@ keep-alive client protocol over the Unix socket),
 connections and drain).  ``python -m kiln_registry.gateway``
 runs one; the launcher starts it (``launcher.launch``).
 
-Imports: standard library, ``kiln_registry.errors`` and orjson (``admission``'s
+Imports: standard library, ``kiln_registry.domain.errors`` and orjson (``admission``'s
 fast path); uvloop when installed (``__main__``); never vLLM, h11,
 FastAPI, httpx or numpy (the gateway process starts lean).
 """

@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Coroutine
 
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 from kiln_registry.gateway.config import GatewayConfig, parse_gateway_argv
 from kiln_registry.gateway.server import Gateway
 

@@ -11,7 +11,7 @@ id list with up to 15 digits per id), clamped to 1..256 MiB; 64 requests in
 flight; 256 open client connections; 600 s for an upstream answer; 75 s for
 an idle client connection; 15 s to drain on SIGTERM.
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 
 MIN_REQUEST_BODY = 1 << 20
 MAX_REQUEST_BODY = 256 << 20

@@ -15,12 +15,12 @@ omitted) stays ``min(1_000_000, max_model_len * row_width)``.  A row may hold
 ``max_top_k + 1`` candidates because vLLM can return the observed token beside
 the requested top-K.  Refusals are ``IdentityError`` with
 ``rule="bounds.<name>"``.  Imports: standard library and
-``kiln_registry.errors`` only.
+``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 
 MAX_CANDIDATES = 1_000_000
 

@@ -12,7 +12,7 @@ Owns the two JSON primitives every identity layout is built on:
 
 Every refusal is an ``IdentityError`` whose ``rule`` is ``json.<name>`` and
 whose message names ``what`` was being read.  Imports: standard library,
-``kiln_registry.errors`` and ``identity.strict_read`` (the duplicate-key hook) only.
+``kiln_registry.domain.errors`` and ``identity.strict_read`` (the duplicate-key hook) only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 import math
 from collections.abc import Iterator
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.strict_read import DuplicateKeyError, unique_object
 
 JSON_RULES: tuple[str, ...] = (

@@ -7,7 +7,7 @@ and launch environment into the inference config document, its digest and
 the identity.  ``kiln-teacher --manifest-only`` and the launcher call
 ``compose_identity``; they never assemble the documents themselves.
 
-Imports: standard library, ``kiln_registry.errors`` and
+Imports: standard library, ``kiln_registry.domain.errors`` and
 ``kiln_registry.identity`` only.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import default_max_candidates, validate_max_candidates
 from kiln_registry.identity.document import (
     MAX_MODEL_LEN,

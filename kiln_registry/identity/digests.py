@@ -14,7 +14,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 
 BASE_MODEL_DOMAIN = b"kiln.base-model-content.v1\x00"
 TOKENIZER_VOCAB_DOMAIN = b"kiln.tokenizer-vocab.v1\x00"

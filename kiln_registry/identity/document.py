@@ -12,7 +12,7 @@ the inference config.
 
 Refusals are ``IdentityError`` with ``rule="identity.<name>"`` (or
 ``bounds.<name>`` for section 6).  Imports: standard library,
-``kiln_registry.errors`` and ``kiln_registry.identity`` only.
+``kiln_registry.domain.errors`` and ``kiln_registry.identity`` only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import validate_max_candidates
 from kiln_registry.identity.canonical import canonical_json
 

@@ -8,7 +8,7 @@ first rule that failed, in the spec's order, as ``FingerprintError`` with
 stock ``vllm-*`` fingerprint fails (``fingerprint.parts`` or
 ``fingerprint.prefix``).
 
-Imports: standard library, ``kiln_registry.errors`` and
+Imports: standard library, ``kiln_registry.domain.errors`` and
 ``kiln_registry.identity`` only.
 """
 
@@ -18,7 +18,7 @@ import base64
 import hashlib
 import re
 
-from kiln_registry.errors import FingerprintError, IdentityError
+from kiln_registry.domain.errors import FingerprintError, IdentityError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.document import IDENTITY_KEYS, TeacherIdentity, is_hex64, show
 from kiln_registry.identity.document import MAX_IDENTITY_BYTES as MAX_IDENTITY_BYTES

@@ -8,7 +8,7 @@ use does not depend on file size: each worker holds one chunk buffer.  The
 exact-length loop (``digest_exactly``) and the thread count (``worker_count``)
 also serve the launcher's descriptor-anchored staging.
 
-Imports: standard library and ``kiln_registry.identity`` / ``kiln_registry.errors``
+Imports: standard library and ``kiln_registry.identity`` / ``kiln_registry.domain.errors``
 only (no sockets, subprocesses, database or web framework).
 """
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kiln_registry.errors import IdentityError, KilnError
+from kiln_registry.domain.errors import IdentityError, KilnError
 from kiln_registry.identity.digests import FileRecord
 
 CHUNK_BYTES = 1024 * 1024

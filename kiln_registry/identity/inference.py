@@ -9,7 +9,7 @@ Which extra vLLM options are *accepted* is the launcher policy's decision
 options and only refuses what would make the document ambiguous or leak a
 transport secret.  Refusals are ``IdentityError`` with
 ``rule="inference.<name>"``.  Imports: standard library,
-``kiln_registry.errors`` and ``kiln_registry.identity`` only.
+``kiln_registry.domain.errors`` and ``kiln_registry.identity`` only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import MAX_CANDIDATES
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.digests import ADAPTER_RANK_CAPS

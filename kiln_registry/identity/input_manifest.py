@@ -13,7 +13,7 @@ The file must be a regular file (not a symlink) of at most 64 KiB, checked
 before it is read whole, holding strict JSON with exactly the spec's keys.
 Refusals are ``IdentityError`` with ``rule="input.<name>"`` (or
 ``json.<name>``) naming the file.  Imports: standard library,
-``kiln_registry.errors`` and ``kiln_registry.identity`` only.
+``kiln_registry.domain.errors`` and ``kiln_registry.identity`` only.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity import strict_read
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.digests import ADAPTER_RANK_CAPS

@@ -8,7 +8,7 @@ bytes) and ``files`` (``path``, ``bytes``, ``sha256``; sorted by path).
 Logical paths start with ``model`` or ``adapter`` and use ``/``.
 
 Pure: imports the standard library and ``kiln_registry.identity`` /
-``kiln_registry.errors`` only; never touches the file system.
+``kiln_registry.domain.errors`` only; never touches the file system.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.digests import FileRecord
 from kiln_registry.identity.tree import TreeInventory
 

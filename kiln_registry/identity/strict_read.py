@@ -10,7 +10,7 @@ turns a ``FileProblem`` into that caller's ``KilnError`` (its own message, rule
 and hint), so every caller keeps its wording.  ``check`` runs on the open file's
 stat before any byte is read (ownership, mode, a read-rate budget).
 
-Imports only the standard library and ``kiln_registry.errors``; no sockets,
+Imports only the standard library and ``kiln_registry.domain.errors``; no sockets,
 subprocesses or database (the identity layer's rule).
 """
 
@@ -26,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 _CHUNK = 1024 * 1024
 

@@ -7,7 +7,7 @@ non-UTF-8 names, names with control characters).  Every limit is checked
 before the entry it protects is appended.  Paths are POSIX paths relative to
 the root, so moving a model keeps its inventory.
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 
 TIB = 1024**4
 MIB = 1024**2

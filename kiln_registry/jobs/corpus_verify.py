@@ -21,7 +21,7 @@ identity is still registered is the caller's question (``kiln corpus
 verify`` asks the server).
 
 Refusals are ``InputError`` with ``rule="corpus.<name>"`` naming the line.
-Imports: standard library, numpy, ``kiln_registry.errors``,
+Imports: standard library, numpy, ``kiln_registry.domain.errors``,
 ``identity.document`` and ``jobs.corpus``/``jobs.signing``/``jobs.sources``.
 """
 
@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Final
 
 import numpy as np
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
 from kiln_registry.identity.strict_read import loads_strict

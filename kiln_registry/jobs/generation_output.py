@@ -43,7 +43,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
-from kiln_registry.errors import JobConflict, KilnError, ProbeFailed
+from kiln_registry.domain.errors import JobConflict, KilnError, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file

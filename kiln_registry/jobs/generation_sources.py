@@ -13,7 +13,7 @@ cached.  Every prompt is checked against the pinned identity before anything
 is stored: ``prompt + max_tokens <= max_model_len``, ids in vocabulary.
 
 Imports: standard library, ``transformers`` (inside the loader),
-``kiln_registry.errors``/``identity`` and ``jobs.sources``.
+``kiln_registry.domain.errors``/``identity`` and ``jobs.sources``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from kiln_registry.errors import JobInvalid
+from kiln_registry.domain.errors import JobInvalid
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.strict_read import loads_strict
 from kiln_registry.jobs.sources import (

@@ -9,7 +9,7 @@ template (``jobs.generation_sources``); the job row records the canonical
 sampling settings in ``generation_json`` and ``top_k``.
 
 Call from a worker thread.  Imports: standard library, SQLAlchemy,
-``kiln_registry.config``/``db``/``errors`` and ``jobs``; never the API.
+``kiln_registry.config.settings``/``db``/``errors`` and ``jobs``; never the API.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.errors import JobConflict, JobInvalid
+from kiln_registry.domain.errors import JobConflict, JobInvalid
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.generation_output import insert_prompts
 from kiln_registry.jobs.generation_sources import (

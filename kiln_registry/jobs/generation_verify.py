@@ -15,7 +15,7 @@ identity, one job, teacher and settings throughout, and ``completion_token_ids``
 equal to the ``teacher_tokens`` ids.  Ids are unique.  Refusals are
 ``InputError`` with ``rule="corpus.<name>"`` naming the line.
 
-Imports: standard library, ``kiln_registry.errors``/``identity`` and
+Imports: standard library, ``kiln_registry.domain.errors``/``identity`` and
 ``jobs.corpus_verify``/``jobs.generation_output``/``jobs.signing``.
 """
 
@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file

@@ -15,7 +15,7 @@ every response.  A ``length`` finish must carry exactly ``max_tokens`` ids
 sampled token first and merges it when it is in the top ``K``): the top
 ``K`` are kept, best first.  Retries as scoring's (connection failures, 503).
 
-Imports: standard library, ``kiln_registry.errors``/``identity``/``probe``
+Imports: standard library, ``kiln_registry.domain.errors``/``identity``/``probe``
 and ``jobs.generation_sources``/``jobs.scoring``; no database.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.generation_sources import GenerationSettings
 from kiln_registry.jobs.scoring import (

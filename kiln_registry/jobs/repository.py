@@ -11,7 +11,7 @@ claim token (``update_claimed``), so a worker that lost its claim (restart
 recovery, cancellation of a queued job) changes nothing.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` (the
-timestamp), ``jobs.models`` and ``kiln_registry.errors``.
+timestamp), ``jobs.models`` and ``kiln_registry.domain.errors``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sqlalchemy import CursorResult, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
-from kiln_registry.errors import InputError, JobConflict, JobNotFound
+from kiln_registry.domain.errors import InputError, JobConflict, JobNotFound
 from kiln_registry.jobs.models import (
     ACTIVE_STATUSES,
     JOB_STATUSES,

@@ -18,7 +18,7 @@ start and then every ``SWEEP_INTERVAL_S``.  The score cache is shared by
 identity and is not touched (``kiln cache prune`` owns it).
 
 Call these from a worker thread.  Imports: standard library, SQLAlchemy,
-``kiln_registry.config``/``db`` and ``jobs``; never the API layer.
+``kiln_registry.config.settings``/``db`` and ``jobs``; never the API layer.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Final
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.service import result_dir
 

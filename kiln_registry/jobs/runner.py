@@ -26,7 +26,7 @@ from typing import Final
 from kiln_registry.credentials.resolve import resolve_teacher_endpoint
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotRegistered
+from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotRegistered
 from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.jobs.generation import GenerationPipeline

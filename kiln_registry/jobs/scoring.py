@@ -19,7 +19,7 @@ Requests go through ``probe.wire.TeacherWire`` (keep-alive HTTP/1.1 to the
 one teacher; the same head and body rules as the probe client, at a fraction
 of httpx's CPU per request).
 
-Imports: standard library, numpy, ``kiln_registry.errors``,
+Imports: standard library, numpy, ``kiln_registry.domain.errors``,
 ``identity.document``, ``probe`` and ``jobs.cache``; no database or FastAPI.
 """
 
@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.probe.client import SecretSource, completion_request, status_failure

@@ -11,7 +11,7 @@ transaction re-reads the alias and refuses (``JobConflict``) if it changed
 meanwhile.
 
 Call these from a worker thread (they block on SQLite and files).
-Imports: standard library, SQLAlchemy, ``kiln_registry.config``/``db``/
+Imports: standard library, SQLAlchemy, ``kiln_registry.config.settings``/``db``/
 ``errors``/``identity`` and ``jobs``; never the API layer.
 """
 
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.engine import BEGIN_OPTION
 from kiln_registry.db.models import TeacherRow, utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.errors import (
+from kiln_registry.domain.errors import (
     IdentityRequired,
     JobConflict,
     JobInvalid,

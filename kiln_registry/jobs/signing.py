@@ -19,7 +19,7 @@ use it).  What is signed is ``signed_message(sha256)``: the bytes
 ``kiln.corpus-trailer.v1``, one NUL byte, then the 32-byte SHA-256 digest of
 the corpus before its trailer (layout in ``jobs.corpus``).
 
-Imports: standard library, ``cryptography``, ``kiln_registry.errors`` and
+Imports: standard library, ``cryptography``, ``kiln_registry.domain.errors`` and
 ``jobs.sources`` (strict JSON).
 """
 
@@ -39,7 +39,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from kiln_registry.errors import ConfigError, InputError
+from kiln_registry.domain.errors import ConfigError, InputError
 from kiln_registry.identity.strict_read import FileProblem, Problem, loads_strict, read_regular_file
 
 KEY_FILE_NAME: Final = "corpus-signing.key"

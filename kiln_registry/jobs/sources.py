@@ -11,7 +11,7 @@ symlink escapes, checked again on the opened descriptor), at most
 lines, no duplicate keys or ids.
 
 Refusals are ``JobInvalid`` naming the line or index and the rule.  Imports:
-standard library, numpy, ``kiln_registry.errors`` and ``identity.document``;
+standard library, numpy, ``kiln_registry.domain.errors`` and ``identity.document``;
 never the database, httpx or FastAPI.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Final
 
 import numpy as np
 
-from kiln_registry.errors import JobInvalid
+from kiln_registry.domain.errors import JobInvalid
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.strict_read import loads_strict
 

@@ -24,7 +24,7 @@ from typing import Final
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.cache import ScoredSequence

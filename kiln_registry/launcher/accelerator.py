@@ -27,7 +27,7 @@ as one line of canonical JSON: the launcher measures it that way under the
 exact child environment, so torch is never imported into the launcher (or a
 registry server that drives it).
 
-Imports: standard library, ``kiln_registry.errors`` and
+Imports: standard library, ``kiln_registry.domain.errors`` and
 ``kiln_registry.identity``; torch only lazily inside ``accelerator_identity``.
 Nothing happens at import time.
 """
@@ -40,7 +40,7 @@ import subprocess
 import sys
 from typing import Any
 
-from kiln_registry.errors import IdentityError, LauncherError
+from kiln_registry.domain.errors import IdentityError, LauncherError
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.input_manifest import (
     MAX_DEVICES,

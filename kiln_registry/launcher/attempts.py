@@ -5,7 +5,7 @@ argv, outcome), appended with a single ``write`` to a 0600 file opened with
 ``O_APPEND | O_NOFOLLOW``, rotated once to ``<name>.1`` past 1 MiB.
 Re-exported by ``launcher.supervisor``.
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 
 MAX_ATTEMPT_LINE_BYTES = 64 * 1024
 # Past this size the log is renamed to ``<name>.1`` (replacing an older one)

@@ -18,7 +18,7 @@ mount point, or whose record names another PID is reported and left alone.
 Removal goes through the parent's open descriptor, rechecks staleness first,
 never follows links and never crosses into another file system.
 
-Imports: standard library, ``kiln_registry.errors`` and the sibling
+Imports: standard library, ``kiln_registry.domain.errors`` and the sibling
 ``roots``/``fsops``/``policy`` modules.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln_registry.errors import InputError, KilnError, LauncherError
+from kiln_registry.domain.errors import InputError, KilnError, LauncherError
 from kiln_registry.launcher import fsops
 from kiln_registry.launcher.policy import (
     DEFAULT_CACHE_SUBDIR,

@@ -33,7 +33,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.compose import ComposedIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter

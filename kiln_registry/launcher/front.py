@@ -13,7 +13,7 @@ reaches the gateway only through its environment, under
 key.  The gateway runs with the launcher's interpreter and a minimal
 environment (``PATH``, the package root as ``PYTHONPATH``, the key).
 
-Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.gateway.config``
+Imports: standard library, ``kiln_registry.domain.errors``, ``kiln_registry.gateway.config``
 and sibling launcher modules; never vLLM.
 """
 
@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 
 import kiln_registry
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.gateway.config import MAX_KEY_BYTES, GatewayConfig, gateway_argv
 from kiln_registry.launcher.policy import LauncherRequest
 from kiln_registry.launcher.policy_options import API_KEY_OPTION

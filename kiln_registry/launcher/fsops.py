@@ -12,7 +12,7 @@ child through its parent's open descriptor, never following links nor
 crossing into another filesystem, with bounded depth and entry count).
 
 Imports: standard library, ``kiln_registry.identity.hashing`` and
-``kiln_registry.errors`` only; no subprocess, sockets or database.
+``kiln_registry.domain.errors`` only; no subprocess, sockets or database.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kiln_registry.errors import IdentityError, KilnError, LauncherError
+from kiln_registry.domain.errors import IdentityError, KilnError, LauncherError
 from kiln_registry.identity import hashing
 from kiln_registry.identity.hashing import ReadRateLimiter, digest_exactly
 

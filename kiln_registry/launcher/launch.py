@@ -27,7 +27,7 @@ Decisions:
   started once vLLM answers) on the user's host and port: ``target`` is the
   public address, ``vllm_target`` where vLLM itself is polled.
 
-Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.identity``,
+Imports: standard library, ``kiln_registry.domain.errors``, ``kiln_registry.identity``,
 ``kiln_registry.model`` and sibling launcher modules; never torch or vLLM.
 """
 
@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.compose import ComposedIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import TeacherInput

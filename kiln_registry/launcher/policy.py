@@ -20,7 +20,7 @@ leading zeros, no underscores or white space).  Modes:
 * ``--dry-run`` always needs ``--model-path``, because the preview labels the
   source paths; with ``--identity-input`` the identity comes from that file.
 
-Imports: standard library, ``kiln_registry.errors`` and the sibling pure
+Imports: standard library, ``kiln_registry.domain.errors`` and the sibling pure
 policy modules only (no subprocess, sockets or file access).
 """
 
@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.launcher.policy_env import (
     DEVICE_VISIBILITY_VARIABLES,
     FORCED_CHILD_ENVIRONMENT,

@@ -34,7 +34,7 @@ before any model work.  Decisions (each one is tested):
   consumed and never passed to vLLM.
 
 Messages name the variable and the rule, never the value.
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kiln_registry.errors import PolicyError
+from kiln_registry.domain.errors import PolicyError
 
 MAX_ENV_VARIABLES = 4096
 MAX_ENV_VALUE_BYTES = 32768

@@ -19,7 +19,7 @@ never passes them to vLLM, so the key can reach neither vLLM's environment
 nor the identity's inference config.  With ``--gateway=off`` it is refused:
 vLLM's own ``--api-key`` after ``--`` is today's direct mode.
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from kiln_registry.errors import PolicyError
+from kiln_registry.domain.errors import PolicyError
 
 GATEWAY_FLAG = "gateway"
 API_KEY_ENV_FLAG = "api-key-env"

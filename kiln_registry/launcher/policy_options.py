@@ -28,7 +28,7 @@ the allowlists encode (each one is tested):
   fractional zero (``0.9``, not ``0.90``), so one value has one identity.
 
 Messages name the option, never its value (an API key may be the value).
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kiln_registry.errors import PolicyError
+from kiln_registry.domain.errors import PolicyError
 from kiln_registry.launcher.policy_tables import (
     INFERENCE_SWITCHES,
     INFERENCE_VALUE_OPTIONS,

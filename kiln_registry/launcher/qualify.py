@@ -20,7 +20,7 @@ missing ones under ``missing_packages``, the vLLM version is the stand-in
 ``MIN_VLLM_VERSION`` and ``launchable`` is false.  The receipt is written
 atomically (temp file, fsync, rename, fsync of the directory).
 
-Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.identity``
+Imports: standard library, ``kiln_registry.domain.errors``, ``kiln_registry.identity``
 and sibling launcher modules; never torch or vLLM.
 """
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.util import find_spec
 
-from kiln_registry.errors import KilnError, LauncherError, PolicyError
+from kiln_registry.domain.errors import KilnError, LauncherError, PolicyError
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.compose import ComposedIdentity, compose_identity
 from kiln_registry.identity.document import MIN_VLLM_VERSION

@@ -6,7 +6,7 @@ proxy, until 200) and ``check_port_free`` (refuse a launch whose address is
 already taken, before anything is staged).  ``launcher.supervisor`` polls
 it; it knows nothing about vLLM or identities.
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 
 HEALTH_TIMEOUT_SECONDS = 2.0
 

@@ -20,7 +20,7 @@ accelerator, model and adapter digests), its canonical document (the
   snapshot with its own limiter of the same numeric ceiling, then prints its
   document.  The parent requires byte equality with its own.
 
-Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.identity``,
+Imports: standard library, ``kiln_registry.domain.errors``, ``kiln_registry.identity``,
 ``kiln_registry.model`` and the launcher's ``runtime`` / ``accelerator``
 modules; never torch at module level.  Nothing happens at import time.
 """
@@ -36,7 +36,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kiln_registry.errors import KilnError, LauncherError
+from kiln_registry.domain.errors import KilnError, LauncherError
 from kiln_registry.identity.canonical import canonical_json, strict_json_loads
 from kiln_registry.identity.digests import FileRecord, base_model_sha256
 from kiln_registry.identity.document import AdapterIdentity

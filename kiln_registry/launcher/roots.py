@@ -15,7 +15,7 @@ ticks since boot) and ``boot_id`` is ``/proc/sys/kernel/random/boot_id``.  A
 child's owner is alive only if the same boot is running and the PID still
 exists with the same start time, so PID reuse and host resets are detected.
 
-Imports: standard library and ``kiln_registry.errors`` only; no subprocess,
+Imports: standard library and ``kiln_registry.domain.errors`` only; no subprocess,
 sockets, database or web framework.
 """
 
@@ -31,7 +31,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 
 PathArg = str | os.PathLike[str]
 

@@ -10,7 +10,7 @@ imported.  The inventory is bounded, taken twice and compared; each resolved
 file is hashed once, in parallel, through the shared ``ReadRateLimiter``.
 
 Imports: standard library, ``kiln_registry.identity`` and
-``kiln_registry.errors``; never torch, vllm or transformers.
+``kiln_registry.domain.errors``; never torch, vllm or transformers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln_registry.errors import IdentityError, LauncherError
+from kiln_registry.domain.errors import IdentityError, LauncherError
 from kiln_registry.identity.digests import (
     RUNTIME_LABEL_CONTROL,
     LabelledFile,

@@ -24,7 +24,7 @@ longer verifies) raises ``LauncherError``.  The steps live in siblings:
 capacity), ``staging_copy`` (filling ``.building-*``), ``staging_verify``
 (re-enumeration and re-hash) and ``fsops`` (descriptor-anchored I/O).
 
-Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.errors``
+Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.domain.errors``
 and those sibling modules; never vLLM, torch or Transformers.
 """
 
@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln_registry.errors import KilnError, LauncherError
+from kiln_registry.domain.errors import KilnError, LauncherError
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import ManifestFile, snapshot_content_sha256
 from kiln_registry.launcher import fsops

@@ -9,7 +9,7 @@ cached pages in between; 0400; fsync; recheck the source on its descriptor
 and on its path), a re-inventory of the sources, the section 5 manifest written
 ``O_EXCL`` (0400), and the seal (directories 0500, fsynced, deepest first).
 
-Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.errors``
+Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.domain.errors``
 and the sibling ``roots``/``fsops``/``staging_plan`` modules.
 """
 
@@ -20,7 +20,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError, LauncherError
+from kiln_registry.domain.errors import IdentityError, LauncherError
 from kiln_registry.identity.digests import FileRecord
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import SNAPSHOT_MANIFEST_NAME, build_snapshot_manifest

@@ -10,7 +10,7 @@ before any byte is copied).  Logical paths are the staged ones
 (``model/...``, ``adapter/...``), so the path limits apply to what is created.
 
 Imports: standard library, ``kiln_registry.identity`` and
-``kiln_registry.errors`` only.
+``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError, LauncherError
+from kiln_registry.domain.errors import IdentityError, LauncherError
 from kiln_registry.identity.snapshot_manifest import MAX_MANIFEST_BYTES
 from kiln_registry.identity.tree import TreeFile, TreeInventory, TreeLimits, inventory_tree
 

@@ -7,7 +7,7 @@ every file 0400 with one link, all owned by the launcher's UID; and a fresh
 bounded inventory plus a parallel re-hash of every file (through the shared
 ``ReadRateLimiter``) rebuilds the same manifest bytes.
 
-Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.errors``
+Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.domain.errors``
 and the sibling ``roots``/``fsops``/``staging_plan`` modules.
 """
 
@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from kiln_registry.errors import IdentityError, LauncherError
+from kiln_registry.domain.errors import IdentityError, LauncherError
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_file
 from kiln_registry.identity.snapshot_manifest import SNAPSHOT_MANIFEST_NAME, build_snapshot_manifest
 from kiln_registry.identity.tree import TreeInventory, inventory_tree

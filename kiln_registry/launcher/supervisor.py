@@ -34,7 +34,7 @@ supplies the argv, the exact child environment and a redacted argv for logs.
 * ``AttemptsLog`` (``launcher.attempts``) and ``SignalGate``
   (``launcher.signals``) are re-exported here.
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kiln_registry.errors import LauncherError, PolicyError
+from kiln_registry.domain.errors import LauncherError, PolicyError
 from kiln_registry.launcher.attempts import (
     MAX_ATTEMPT_LINE_BYTES,
     MAX_ATTEMPTS_LOG_BYTES,

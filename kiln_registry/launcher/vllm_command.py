@@ -13,7 +13,7 @@ of a request), shared by the real launch and the ``kiln-teacher`` previews.
   ``vllm.entrypoints.openai.api_server --model=<ready>/model``, because its
   ``vllm.entrypoints.cli.main`` looks up a distribution named ``vllm``.
 
-Imports: standard library, ``kiln_registry.errors``, ``kiln_registry.identity``,
+Imports: standard library, ``kiln_registry.domain.errors``, ``kiln_registry.identity``,
 ``launcher.policy`` and ``launcher.readiness``; never torch or vLLM (only
 the installed distribution's metadata is looked up).
 """
@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.compose import ComposedIdentity, compose_identity
 from kiln_registry.identity.input_manifest import TeacherInput
 from kiln_registry.launcher.policy import LauncherRequest, VllmOptions

@@ -28,7 +28,7 @@ Decisions:
   launcher library.
 
 Thread-safe; blocking (callers run it in worker threads).  Imports the
-standard library, ``kiln_registry.config``, ``kiln_registry.errors`` and the
+standard library, ``kiln_registry.config.settings``, ``kiln_registry.domain.errors`` and the
 launcher library; never FastAPI, the database or torch.
 """
 
@@ -40,8 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kiln_registry.config import LocalTeacherConfig
-from kiln_registry.errors import (
+from kiln_registry.config.settings import LocalTeacherConfig
+from kiln_registry.domain.errors import (
     RELEASE_NOTE,
     IdentityMismatch,
     KilnError,

@@ -40,12 +40,12 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api import teachers_service as teachers
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.schemas import RegisterTeacherRequest, TeacherEntry, TeacherKind
-from kiln_registry.config import KilnConfig, LocalTeacherConfig
+from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
 from kiln_registry.credentials.origin import parse_teacher_url
 from kiln_registry.credentials.resolve import ResolvedTeacher
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository
-from kiln_registry.errors import (
+from kiln_registry.domain.errors import (
     IdentityMismatch,
     KilnError,
     RegistrationInvalid,

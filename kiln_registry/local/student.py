@@ -19,7 +19,7 @@ adapter under its name, which the identity's ``adapter.name`` must equal),
 else the student's served id (Kiln's rule: the model directory's last
 component, lower-cased, plus ``-kiln``).
 
-Imports the standard library, ``kiln_registry.config``, ``errors``, the
+Imports the standard library, ``kiln_registry.config.settings``, ``errors``, the
 launcher's pure root rules and ``model.files``; never FastAPI or the database.
 """
 
@@ -30,8 +30,8 @@ import re
 import socket
 from pathlib import Path
 
-from kiln_registry.config import KilnConfig, LocalTeacherConfig
-from kiln_registry.errors import LauncherError, RegistrationInvalid
+from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
+from kiln_registry.domain.errors import LauncherError, RegistrationInvalid
 from kiln_registry.launcher.roots import check_distinct_roots
 from kiln_registry.local.manager import GENERATED_PREFIX
 from kiln_registry.model.files import read_json_object

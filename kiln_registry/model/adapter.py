@@ -8,7 +8,7 @@ digest and the vLLM rank cap.  The weights may be hashed by the caller
 (``weights_record``) so a tree hashed once is never read twice.
 
 Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.model``
-and ``kiln_registry.errors``; never torch or transformers.
+and ``kiln_registry.domain.errors``; never torch or transformers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.digests import FileRecord, adapter_rank_cap, adapter_weights_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_file
 from kiln_registry.identity.tree import SYMLINK_HINT, check_root_directory

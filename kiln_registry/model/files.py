@@ -6,7 +6,7 @@ against a bound before any byte is read, counted through the shared
 JSON object).  Weight files are never read here: they are streamed by
 ``kiln_registry.identity.hashing``.
 
-Imports: standard library and ``kiln_registry.identity`` / ``kiln_registry.errors``;
+Imports: standard library and ``kiln_registry.identity`` / ``kiln_registry.domain.errors``;
 never torch or transformers.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file

@@ -9,7 +9,7 @@ section 5 ``snapshot_content_sha256`` (the bytes the launcher writes after
 staging the same trees).
 
 Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.model``
-and ``kiln_registry.errors``; transformers only through
+and ``kiln_registry.domain.errors``; transformers only through
 ``model.tokenizer.transformers_view``; never torch.
 """
 
@@ -19,7 +19,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.digests import FileRecord, base_model_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_files
 from kiln_registry.identity.snapshot_manifest import (

@@ -8,7 +8,7 @@ hashed); else ``model.safetensors``; else every top-level ``*.safetensors``.
 ``.bin`` files never count.  Each shard must be a non-empty regular file
 with its own inode; ``config.json`` and ``tokenizer.json`` must exist.
 
-Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.errors``
+Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.domain.errors``
 and ``kiln_registry.model``; never torch or transformers.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.tree import TreeFile, TreeInventory
 from kiln_registry.model.files import read_json_object

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.digests import tokenizer_config_sha256, tokenizer_vocab_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter

@@ -135,7 +135,7 @@ def configure_logging(log_format: str, secret_env_names: frozenset[str], level: 
     else:
         formatter = TextFormatter(secret_env_names)
     handler.setFormatter(formatter)
-    from kiln_registry.serve_guard import RepeatFilter  # imports uvicorn: not at import time
+    from kiln_registry.serve.guard import RepeatFilter  # imports uvicorn: not at import time
 
     handler.addFilter(RepeatFilter())  # a flood of one line (e.g. accept errors) is capped
     root = logging.getLogger()

@@ -12,7 +12,7 @@ Secrets: a ``SecretSource`` is read immediately before each request and the
 value lives only in that request's headers; it is never stored, logged or put
 in a message.  Never creates an httpx client (the caller injects one) and does
 nothing at import time.  Imports httpx, ``probe.parse``/``verify``/``report``,
-``kiln_registry.errors`` and ``kiln_registry.identity``; no database or FastAPI.
+``kiln_registry.domain.errors`` and ``kiln_registry.identity``; no database or FastAPI.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Protocol
 
 import httpx
 
-from kiln_registry.errors import KilnError, ProbeBusy, ProbeFailed
+from kiln_registry.domain.errors import KilnError, ProbeBusy, ProbeFailed
 from kiln_registry.identity.bounds import MAX_CANDIDATES, allocation_bound
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.exposure import NOT_SHOWN, unreachable, vllm_error_text

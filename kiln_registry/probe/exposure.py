@@ -12,7 +12,7 @@ other services' error pages or a port scanner:
   the response head) is one error with one message and rule
   ``probe.unreachable``; the detail goes to the server log only.
 
-Imports the standard library, ``kiln_registry.errors`` and ``probe.parse``.
+Imports the standard library, ``kiln_registry.domain.errors`` and ``probe.parse``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.probe.parse import shown
 
 log = logging.getLogger("kiln_registry.probe")

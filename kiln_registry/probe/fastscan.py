@@ -27,7 +27,7 @@ accepts, with byte-identical columns:
 
 Work is done in chunks of about ``CHUNK_BYTES`` so temporaries stay small; no
 Python object is made per candidate on the common path.  Imports numpy, the
-standard library, ``kiln_registry.errors``, ``probe.parse`` and
+standard library, ``kiln_registry.domain.errors``, ``probe.parse`` and
 ``probe.fastnum``; no sockets, httpx or database.
 """
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.probe.fastnum import (
     I64,
     U64,

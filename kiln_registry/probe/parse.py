@@ -14,7 +14,7 @@ ties, order, probability mass, identity) are ``kiln_registry.probe.verify``'s
 job.
 
 Refusals are ``ProbeFailed`` with ``rule="probe.<name>"``.  Pure: imports only
-the standard library and ``kiln_registry.errors``; no sockets, numpy or httpx.
+the standard library and ``kiln_registry.domain.errors``; no sockets, numpy or httpx.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NoReturn
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 
 MIN_BODY_LIMIT = 1 << 20
 MAX_BODY_LIMIT = 256 << 20

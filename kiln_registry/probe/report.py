@@ -7,14 +7,14 @@ model id, K values, prompt length, status codes, fingerprint, identity digest,
 row widths, candidate counts, timings and the failure rule/message (messages
 are built by the probe modules, which never put secrets in them).
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 REPORT_ATTRIBUTE = "probe_report"
 

@@ -18,7 +18,7 @@ response stays within a few tens of MB.
 
 Student/identity disagreements raise ``IdentityMismatch`` (409); every other
 failure raises ``ProbeFailed`` with ``rule="probe.<name>"``.  Imports: numpy,
-``kiln_registry.errors``, ``kiln_registry.identity``, ``probe.parse`` and
+``kiln_registry.domain.errors``, ``kiln_registry.identity``, ``probe.parse`` and
 ``probe.fastscan`` (its duplicate finder); no sockets or httpx.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kiln_registry.errors import FingerprintError, IdentityMismatch
+from kiln_registry.domain.errors import FingerprintError, IdentityMismatch
 from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint

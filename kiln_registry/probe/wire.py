@@ -21,7 +21,7 @@ sent once more on a fresh connection.  Messages never quote the teacher's
 bytes or the request headers (the bearer value lives only in the bytes
 written to the socket).
 
-Imports: standard library, h11, ``kiln_registry.errors`` and
+Imports: standard library, h11, ``kiln_registry.domain.errors`` and
 ``probe.client``/``probe.parse``; no httpx, database or FastAPI.
 """
 
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.probe.client import (
     Exchange,
     SecretSource,

@@ -8,7 +8,7 @@ request, never stored, compared in constant time), the request-body bound
 an already-bound socket, so the caller learns the real port first).
 
 Imports: standard library, FastAPI/Starlette, uvicorn (inside the runner),
-``kiln_registry.errors`` and ``reference_teacher``'s protocol, responses and
+``kiln_registry.domain.errors`` and ``reference_teacher``'s protocol, responses and
 model.  The API, database, probe and launcher packages are never imported.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.reference_teacher.model import ReferenceTeacher
 from kiln_registry.reference_teacher.protocol import (
     CompletionRequest,

@@ -5,7 +5,7 @@ logprob rows (``torch.log_softmax`` of the eager logits, exactly), vLLM's rank
 rule, a deterministic top-K (ties: lower token id first), token decoding the
 way vLLM reports ``decoded_token``, and bounded greedy generation.
 
-Imports: standard library, torch, ``kiln_registry.errors`` and
+Imports: standard library, torch, ``kiln_registry.domain.errors`` and
 ``reference_teacher.protocol`` / ``responses``; transformers only inside ``load``.  Never the
 API, database, probe or launcher packages.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.reference_teacher.protocol import Limits
 from kiln_registry.reference_teacher.responses import PositionScores, ScoredPrompt
 from kiln_registry.reference_teacher.sampling import GREEDY, Sampling, next_token

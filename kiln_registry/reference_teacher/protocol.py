@@ -20,7 +20,7 @@ Accepted request fields (anything else is refused with a 400):
   ``frequency_penalty`` (0), ``best_of`` (equal to ``n``), ``stop`` (empty),
   ``logit_bias`` (empty), ``suffix`` and ``stream_options`` (null).
 
-Imports: standard library, ``kiln_registry.errors`` and
+Imports: standard library, ``kiln_registry.domain.errors`` and
 ``kiln_registry.identity.canonical`` only; never torch or FastAPI.
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kiln_registry.errors import IdentityError, InputError
+from kiln_registry.domain.errors import IdentityError, InputError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.reference_teacher.sampling import GREEDY, Sampling
 

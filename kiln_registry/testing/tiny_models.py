@@ -5,7 +5,7 @@ Owns: a byte-level BPE tokenizer trained on a built-in corpus, a random-weight
 PEFT-style LoRA adapter for it, all without a network or a model hub.  The
 same arguments give byte-identical files.
 
-Imports: the standard library and ``kiln_registry.errors`` at module level;
+Imports: the standard library and ``kiln_registry.domain.errors`` at module level;
 ``tokenizers``, ``torch``, ``transformers`` and ``safetensors`` only inside the
 builders (they are the optional ``reference`` extra).  Never imports the API,
 database, probe or launcher packages.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<unk>", "<s>", "</s>")
 BOS_ID = 1

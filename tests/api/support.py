@@ -27,7 +27,7 @@ import uvicorn
 from kiln_registry.api.app import create_app
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.reference_teacher.app import bind_socket
-from kiln_registry.server import build_context, prepare
+from kiln_registry.serve.startup import build_context, prepare
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]

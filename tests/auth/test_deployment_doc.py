@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import trustme
 
-from kiln_registry.client import RegistryClient, RegistryClientError
+from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO
 from tests.helpers import free_port

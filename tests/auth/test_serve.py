@@ -22,7 +22,7 @@ import httpx
 import pytest
 import trustme
 
-from kiln_registry.client import RegistryClient, RegistryClientError
+from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO, write_config
 from tests.auth.support import bearer, create_token

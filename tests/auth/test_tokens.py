@@ -18,7 +18,7 @@ from kiln_registry.auth.tokens import (
     token_digest,
     well_formed,
 )
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO, write_config
 

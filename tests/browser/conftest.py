@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.auth.support import bearer, create_token
 from tests.browser.gate import ScoringGate

@@ -20,7 +20,7 @@ import pytest
 
 from kiln_registry.cli.main import run
 from kiln_registry.cli.teachers_cmds import printable, table
-from kiln_registry.client import RegistryClient, RegistryClientError
+from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port, serve_app
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kiln_registry.cli.main import run
-from kiln_registry.client import RegistryClient, RegistryClientError
+from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from tests.client.conftest import ALIAS
 from tests.jobs.harness import Controlled, Registry, student_identity
 from tests.probe.teacher_server import TeacherServer

@@ -6,7 +6,7 @@ import pytest
 
 from kiln_registry.credentials import TeacherEndpoint, parse_teacher_url
 from kiln_registry.credentials.origin import MAX_URL_LENGTH
-from kiln_registry.errors import RegistrationInvalid
+from kiln_registry.domain.errors import RegistrationInvalid
 
 DERIVATION = [
     # (url, completions_url)

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kiln_registry.credentials import canonical_origin, is_loopback_host
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 
 CANONICAL = [
     "https://teacher.example.com",

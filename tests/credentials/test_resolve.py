@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_registry.config import CredentialConfig
+from kiln_registry.config.settings import CredentialConfig
 from kiln_registry.credentials import ResolvedTeacher, resolve_teacher_endpoint
-from kiln_registry.errors import CredentialError, RegistrationInvalid
+from kiln_registry.domain.errors import CredentialError, RegistrationInvalid
 
 VAR = "KILN_TEST_RESOLVE_KEY"
 SECRET = "sk-resolve-secret-42"

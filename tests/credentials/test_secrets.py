@@ -10,7 +10,7 @@ import pytest
 
 from kiln_registry.credentials import SecretHandle, check_environment_variable
 from kiln_registry.credentials.secrets import MAX_SECRET_LENGTH, secret_problem
-from kiln_registry.errors import CredentialError
+from kiln_registry.domain.errors import CredentialError
 
 VAR = "KILN_TEST_TEACHER_KEY"
 SECRET = "sk-test-0123456789abcdef"

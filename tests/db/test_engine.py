@@ -19,7 +19,7 @@ from kiln_registry.db.engine import (
     open_engine,
     upgrade_to_head,
 )
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 from tests.db.test_legacy_sqlite import LEGACY_DDL
 
 BROKEN_REVISION = '''"""A revision that fails halfway, for the single-transaction test."""

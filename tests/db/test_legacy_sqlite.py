@@ -28,7 +28,7 @@ from kiln_registry.db.engine import (
     upgrade_to_head,
 )
 from kiln_registry.db.legacy import LEGACY_BASE_REVISION, LEGACY_STATUS_MESSAGE
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 
 LEGACY_DDL = (
     "CREATE TABLE teachers (alias TEXT PRIMARY KEY, kind TEXT NOT NULL, provider TEXT, "

@@ -17,7 +17,7 @@ from kiln_registry.db.repository import (
     TeacherRepository,
     unit_of_work,
 )
-from kiln_registry.errors import (
+from kiln_registry.domain.errors import (
     AliasExists,
     InputError,
     RegistrationInvalid,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.gateway.config import parse_gateway_argv
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.support import (

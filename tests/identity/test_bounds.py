@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import (
     MAX_CANDIDATES,
     default_max_candidates,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.canonical import JSON_RULES, canonical_json, strict_json_loads
 
 VECTORS: dict[str, Any] = json.loads(

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln_registry.errors import FingerprintError, IdentityError
+from kiln_registry.domain.errors import FingerprintError, IdentityError
 from kiln_registry.identity.document import AdapterIdentity, TeacherIdentity
 from kiln_registry.identity.fingerprint import (
     FINGERPRINT_PREFIX,

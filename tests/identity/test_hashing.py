@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.hashing import CHUNK_BYTES, ReadRateLimiter, hash_file, hash_files
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.inference import (
     DETERMINISTIC_NAMES,
     INFERENCE_SCHEMA,

@@ -16,7 +16,7 @@ import kiln_registry.identity
 
 IDENTITY_DIR = Path(kiln_registry.identity.__file__).parent
 ALLOWED_THIRD_PARTY = {"pydantic"}
-ALLOWED_PROJECT = ("kiln_registry.identity", "kiln_registry.errors")
+ALLOWED_PROJECT = ("kiln_registry.identity", "kiln_registry.domain.errors")
 FORBIDDEN_STDLIB = {"socket", "subprocess", "sqlite3", "http", "urllib", "asyncio", "ssl"}
 
 
@@ -60,5 +60,5 @@ def test_checker_catches_forbidden_imports() -> None:
     assert not allowed("socket")
     assert not allowed("kiln_registry.db.engine")
     assert not allowed("httpx")
-    assert allowed("kiln_registry.errors")
+    assert allowed("kiln_registry.domain.errors")
     assert allowed("hashlib")

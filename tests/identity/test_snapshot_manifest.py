@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_files
 from kiln_registry.identity.snapshot_manifest import (
     SNAPSHOT_SCHEMA,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.identity.strict_read import (
     DuplicateKeyError,
     FileProblem,

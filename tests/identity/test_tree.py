@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.tree import TreeLimits, inventory_tree
 
 
@@ -165,7 +165,7 @@ def test_unreadable_directory_is_refused(tmp_path: Path) -> None:
         # from the bounding set so a real child process hits the real EACCES.
         script = (
             "import sys\n"
-            "from kiln_registry.errors import KilnError\n"
+            "from kiln_registry.domain.errors import KilnError\n"
             "from kiln_registry.identity.tree import inventory_tree\n"
             "try:\n"
             "    inventory_tree(sys.argv[1])\n"

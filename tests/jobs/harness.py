@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.server import build_context
+from kiln_registry.serve.startup import build_context
 from tests.probe.teacher_server import (
     HASH_A,
     HASH_C,

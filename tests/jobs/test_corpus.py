@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.corpus import CorpusWriter, RowContext

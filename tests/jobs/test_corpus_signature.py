@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.jobs.corpus import CorpusWriter, RowContext, trailer_line
 from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.signing import CorpusSigner, PublicKey

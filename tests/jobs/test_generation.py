@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.client import RegistryClient
+from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.corpus_verify import verify_corpus

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.generation_output import ExampleContext, ExampleWriter, encode_example
 from kiln_registry.jobs.generation_sources import GenerationSettings, student_tokenizer

@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config import load_config
+from kiln_registry.config.settings import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.retention import SWEEP_BATCH, sweep_expired

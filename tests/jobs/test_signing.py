@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from kiln_registry.errors import ConfigError, InputError
+from kiln_registry.domain.errors import ConfigError, InputError
 from kiln_registry.jobs.signing import (
     KEY_FILE_NAME,
     CorpusSigner,

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.errors import InputError, JobConflict
+from kiln_registry.domain.errors import InputError, JobConflict
 from kiln_registry.jobs import cache
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.leases import DeviceLeases

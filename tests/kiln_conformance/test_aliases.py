@@ -30,14 +30,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln_registry.aliases import (
+from kiln_registry.client.sync import RegistryClient, RegistryClientError
+from kiln_registry.domain.aliases import (
     ALIAS_JSON_PATTERN,
     MAX_ALIAS_CHARS,
     alias_path_segment,
     alias_problem,
 )
-from kiln_registry.client import RegistryClient, RegistryClientError
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.reference_teacher.app import create_reference_app
 from kiln_registry.reference_teacher.identity import load_reference_teacher
 from kiln_registry.testing.tiny_models import TinyModel

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import allocation_bound
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint

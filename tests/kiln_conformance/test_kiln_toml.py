@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.config import load_config
-from kiln_registry.errors import ConfigError
+from kiln_registry.config.settings import load_config
+from kiln_registry.domain.errors import ConfigError
 
 # config.rs test_parse_full_toml, verbatim except [model] paths (a real directory here).
 KILN_FULL_TOML = """

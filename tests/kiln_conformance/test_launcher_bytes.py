@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.errors import IdentityError, KilnError
+from kiln_registry.domain.errors import IdentityError, KilnError
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.compose import compose_identity
 from kiln_registry.identity.digests import tokenizer_vocab_sha256

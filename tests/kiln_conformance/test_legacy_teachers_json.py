@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.legacy import LEGACY_NO_IDENTITY_MESSAGE, LEGACY_STATUS_MESSAGE
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.legacy_registry import import_legacy_registry
+from kiln_registry.legacy.registry import import_legacy_registry
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import ServerProcess, write_config
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.fastscan import parse_completion_fast
 from kiln_registry.probe.parse import ParsedCompletion, parse_completion

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.errors import InputError, LauncherError
+from kiln_registry.domain.errors import InputError, LauncherError
 from kiln_registry.launcher.cleanup import (
     cleanup_main,
     find_stale_children,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_registry.errors import InputError, PolicyError
+from kiln_registry.domain.errors import InputError, PolicyError
 from kiln_registry.launcher.front import (
     GATEWAY_KEY_VARIABLE,
     boundary_document,

@@ -31,7 +31,7 @@ from tests.launcher.test_supervisor import FAKE_SERVER, REPO, _alive, _live_grou
 KEY = "gateway-supervision-key-42"
 DRIVER = """
 import json, sys
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 from kiln_registry.launcher.supervisor import (AttemptsLog, Front, HealthTarget, ProcessGroup,
     SignalGate, SuperviseOptions, supervise)
 cfg = json.loads(sys.argv[1])

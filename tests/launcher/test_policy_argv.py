@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_registry.errors import InputError, PolicyError
+from kiln_registry.domain.errors import InputError, PolicyError
 from kiln_registry.launcher.policy import MAX_LAUNCHER_ARGV, LauncherRequest, parse_launcher_argv
 
 HOME = {"HOME": "/home/teacher"}

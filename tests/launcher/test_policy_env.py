@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_registry.errors import PolicyError
+from kiln_registry.domain.errors import PolicyError
 from kiln_registry.launcher.policy import (
     DEVICE_VISIBILITY_VARIABLES,
     FORCED_CHILD_ENVIRONMENT,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_registry.errors import PolicyError
+from kiln_registry.domain.errors import PolicyError
 from kiln_registry.launcher.policy import VLLM_OPTION_POLICY_VERSION, classify_vllm_options
 from kiln_registry.launcher.policy_tables import (
     INFERENCE_SWITCHES,

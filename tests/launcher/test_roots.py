@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.launcher.roots import (
     OWNER_NAME,

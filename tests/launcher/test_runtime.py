@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.digests import FileRecord, LabelledFile, runtime_content_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.launcher.runtime import runtime_content, runtime_versions
@@ -174,7 +174,7 @@ def test_missing_package_names_the_install_extra() -> None:
 
 def test_runtime_versions_without_vllm_names_the_extra(python_without_vllm: Path) -> None:
     script = (
-        "from kiln_registry.errors import LauncherError\n"
+        "from kiln_registry.domain.errors import LauncherError\n"
         "from kiln_registry.launcher.runtime import runtime_versions\n"
         "try:\n"
         "    runtime_versions()\n"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import IdentityError, KilnError, LauncherError
+from kiln_registry.domain.errors import IdentityError, KilnError, LauncherError
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.launcher.staging import StagingLimits, remove_snapshot, stage_snapshot
 from kiln_registry.testing.tiny_models import TinyModel

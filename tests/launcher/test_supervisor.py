@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 from kiln_registry.launcher.supervisor import (
     MAX_ATTEMPTS_LOG_BYTES,
     AttemptsLog,
@@ -36,7 +36,7 @@ FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = """
 import json, sys
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 from kiln_registry.launcher.supervisor import (
     AttemptsLog, HealthTarget, ProcessGroup, SignalGate, SuperviseOptions, supervise)
 cfg = json.loads(sys.argv[1])
@@ -249,7 +249,7 @@ def test_inherited_mode_refused_when_group_is_shared(tmp_path: Path) -> None:
         "import os, subprocess, sys, time\n"
         "os.setpgid(0, 0)\n"
         "peer = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-        "from kiln_registry.errors import PolicyError\n"
+        "from kiln_registry.domain.errors import PolicyError\n"
         "from kiln_registry.launcher.supervisor import check_inherited_group\n"
         "try:\n    check_inherited_group()\nexcept PolicyError as e:\n    print(e.rule)\n"
         "peer.kill()\n"

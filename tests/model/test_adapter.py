@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.digests import FileRecord
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.model.adapter import inspect_adapter

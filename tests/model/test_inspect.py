@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import snapshot_content_sha256
 from kiln_registry.model.inspect import inspect_model

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.digests import base_model_sha256
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_file
 from kiln_registry.identity.tree import inventory_tree

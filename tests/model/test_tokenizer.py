@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.digests import tokenizer_vocab_sha256
 from kiln_registry.model.tokenizer import (
     MAX_TOKENIZER_JSON_BYTES,

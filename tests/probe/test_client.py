@@ -12,7 +12,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from kiln_registry.errors import IdentityMismatch, KilnError, ProbeBusy, ProbeFailed
+from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeBusy, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.client import ProbeLimiter, probe_teacher, score_prompt
 from kiln_registry.probe.parse import response_body_limit

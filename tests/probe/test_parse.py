@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.probe.parse import (
     ParsedCompletion,
     parse_completion,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.errors import IdentityMismatch, ProbeFailed
+from kiln_registry.domain.errors import IdentityMismatch, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.parse import PromptLogprobColumns, parse_completion
 from kiln_registry.probe.verify import RowsCheck, StudentView, verify_completion, verify_rows

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from kiln_registry.errors import ProbeFailed
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.probe.client import ERROR_BODY_READ_LIMIT, status_failure
 from kiln_registry.probe.wire import TeacherWire, teacher_tls_context
 from tests.probe.teacher_server import Reply, TeacherServer

@@ -8,7 +8,7 @@ small TOML writer) and ``spell``: a JSON writer whose key order, white space,
 string escapes and number forms are drawn, so one JSON value can be
 re-spelled without changing its meaning.
 
-Imports: standard library, hypothesis and ``kiln_registry.errors`` only; no
+Imports: standard library, hypothesis and ``kiln_registry.domain.errors`` only; no
 product module beyond the error tree, so every target file stays independent.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from hypothesis import currently_in_test_context, event, settings
 from hypothesis import strategies as st
 
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 T = TypeVar("T")
 

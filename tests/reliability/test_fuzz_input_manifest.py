@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiln_registry.errors import IdentityError
+from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.input_manifest import (
     MAX_INPUT_BYTES,
     TeacherInput,

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
-from kiln_registry.errors import InputError
-from kiln_registry.legacy_entries import SPEC_FIELDS
-from kiln_registry.legacy_registry import ImportResult, import_legacy_registry
+from kiln_registry.domain.errors import InputError
+from kiln_registry.legacy.entries import SPEC_FIELDS
+from kiln_registry.legacy.registry import ImportResult, import_legacy_registry
 from tests.reliability.strategies import (
     attempt,
     fuzz_settings,

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiln_registry.errors import IdentityMismatch, KilnError, ProbeFailed
+from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeFailed
 from kiln_registry.probe.fastscan import parse_completion_fast
 from kiln_registry.probe.parse import ParsedCompletion, parse_completion, response_body_limit
 from kiln_registry.probe.verify import RowsCheck

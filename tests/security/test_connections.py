@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from kiln_registry.serve_guard import HEADER_TIMEOUT_S, MAX_HEADER_BYTES, RepeatFilter
+from kiln_registry.serve.guard import HEADER_TIMEOUT_S, MAX_HEADER_BYTES, RepeatFilter
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import ServerProcess, write_config
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from kiln_registry import serve_guard
+from kiln_registry.serve import guard as serve_guard
 from tests.api.support import _uvicorn_thread
 
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.digests import adapter_rank_cap
 from kiln_registry.testing.tiny_models import (
     TinyModel,

@@ -19,7 +19,7 @@ import pytest
 
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.launcher.launch import base_model_name
-from kiln_registry.parity import ParityOptions, ParityTarget, parity
+from kiln_registry.parity.run import ParityOptions, ParityTarget, parity
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.vllm.conftest import LOCAL_PROFILE, LOCAL_SERVED
 from tests.vllm.support import (

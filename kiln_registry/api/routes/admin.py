@@ -21,7 +21,7 @@ from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import error_responses
 from kiln_registry.auth.repository import AuditRepository, ReservedAliases
 from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 router = APIRouter(tags=["admin"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

@@ -5,7 +5,7 @@ Aliases may contain ``/`` (``qwen/qwen3-8b@vllm``), sent percent-encoded
 reach the same route.  The alias parameter takes the rest of the path; the
 suffix routes (``/probe``, ``/receipts``, ``/launch``) are declared first
 and match only the LAST segment, and registration refuses an alias with a
-``/`` whose last segment is one of those words (``kiln_registry.aliases``),
+``/`` whose last segment is one of those words (``kiln_registry.domain.aliases``),
 so no path has two readings.
 """
 
@@ -16,7 +16,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from kiln_registry.aliases import ALIAS_RULE_TEXT
 from kiln_registry.api import teachers_service as service
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
@@ -31,6 +30,7 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.api.strict_body import StrictJsonRoute
+from kiln_registry.domain.aliases import ALIAS_RULE_TEXT
 
 router = APIRouter(prefix="/v1/teachers", tags=["teachers"], route_class=StrictJsonRoute)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

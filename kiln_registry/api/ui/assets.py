@@ -4,7 +4,7 @@ Names map to files in this package's ``static/`` directory or in the
 ``fastapi-offline`` package's (Swagger UI's bundle and style sheet); any other
 name is unknown (no path from the request ever reaches the file system).  The
 files are read once, on first use, never at import time.  Imports the standard
-library and ``kiln_registry.errors`` only.
+library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from kiln_registry.errors import KilnError
+from kiln_registry.domain.errors import KilnError
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
 SWAGGER_PACKAGE: Final = "fastapi_offline"

@@ -1,9 +1,9 @@
 """``AsyncRegistryClient``: ``RegistryClient``'s operations on ``httpx.AsyncClient``.
 
 The same methods, arguments, answers and errors as the synchronous client
-(``kiln_registry.client``), awaited: both build their requests and parse their
+(``kiln_registry.client.sync``), awaited: both build their requests and parse their
 answers with ``client_ops``/``client_base``, and share the wait and download
-logic of ``kiln_registry.client_jobs``.  ``iter_teachers``/``iter_jobs`` are
+logic of ``kiln_registry.client.jobs``.  ``iter_teachers``/``iter_jobs`` are
 async iterators; ``wait_job``'s ``on_progress`` may be a plain function or a
 coroutine function; a downloaded corpus is verified in a worker thread so the
 event loop keeps running.  Imports httpx and the ``client_*`` modules only;
@@ -21,8 +21,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from kiln_registry import client_base as base
-from kiln_registry import client_ops as ops
 from kiln_registry.api.jobs_schemas import DeleteJobResponse, JobPublic, JobsListResponse
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
@@ -34,14 +32,16 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.auth.wire import AuditEvent, ReleaseResponse
-from kiln_registry.client_base import (
+from kiln_registry.client import base as base
+from kiln_registry.client import ops as ops
+from kiln_registry.client.base import (
     DEFAULT_SERVER,
     DEFAULT_TIMEOUT_S,
     MAX_RESPONSE_BYTES,
     MAX_RESULT_BYTES,
     ClientSettings,
 )
-from kiln_registry.client_jobs import (
+from kiln_registry.client.jobs import (
     DownloadedCorpus,
     ProgressCallback,
     ResultSink,

@@ -41,10 +41,10 @@ import httpx
 
 from kiln_registry.credentials.origin import parse_teacher_url
 from kiln_registry.credentials.secrets import SecretHandle
-from kiln_registry.errors import InputError, KilnError, ProbeFailed
+from kiln_registry.domain.errors import InputError, KilnError, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
-from kiln_registry.parity_grade import POSITION_CLASSES, Grader
+from kiln_registry.parity.grade import POSITION_CLASSES, Grader
 from kiln_registry.probe.client import ProbeLimiter, probe_teacher, score_prompt
 from kiln_registry.probe.verify import RowsCheck
 

@@ -6,10 +6,10 @@ token, timeout, TLS context), ``Call`` (one API operation: method, path,
 body and how its JSON answer is parsed; one constructor per operation is in
 ``client_ops``), the paging guard (``Pager``),
 and ``interpret``, which turns a status and a bounded body into a value or a
-``RegistryClientError``.  ``kiln_registry.client`` (``RegistryClient``) and
-``kiln_registry.client_async`` (``AsyncRegistryClient``) only move bytes.
+``RegistryClientError``.  ``kiln_registry.client.sync`` (``RegistryClient``) and
+``kiln_registry.client.asynchronous`` (``AsyncRegistryClient``) only move bytes.
 
-Imports httpx (types only), pydantic, ``kiln_registry.errors``,
+Imports httpx (types only), pydantic, ``kiln_registry.domain.errors``,
 ``client_tls`` and the wire schemas; never FastAPI, the database or numpy.
 """
 
@@ -28,7 +28,6 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kiln_registry.aliases import alias_path_segment, alias_problem
 from kiln_registry.api.jobs_schemas import (
     JOB_ID_PATTERN,
     JobStatus,
@@ -36,8 +35,9 @@ from kiln_registry.api.jobs_schemas import (
 from kiln_registry.api.schemas import (
     ErrorResponse,
 )
-from kiln_registry.client_tls import check_token, tls_context, tls_refusal, token_from_env
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.client.tls import check_token, tls_context, tls_refusal, token_from_env
+from kiln_registry.domain.aliases import alias_path_segment, alias_problem
+from kiln_registry.domain.errors import InputError, KilnError
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 60.0

@@ -2,11 +2,11 @@
 
 Owns ``RegistryClient``: one method per API operation (the operations
 themselves, their paths, bodies and answer parsing, live in
-``kiln_registry.client_ops``, shared with ``AsyncRegistryClient`` in
-``kiln_registry.client_async``), plus paging (``iter_teachers``,
+``kiln_registry.client.ops``, shared with ``AsyncRegistryClient`` in
+``kiln_registry.client.asynchronous``), plus paging (``iter_teachers``,
 ``iter_jobs`` follow ``next_cursor``), ``wait_job`` with a progress callback,
 and ``download_result``, which streams a corpus to disk and verifies it
-(``kiln_registry.client_jobs``).  Every failure is a ``RegistryClientError``
+(``kiln_registry.client.jobs``).  Every failure is a ``RegistryClientError``
 (or an ``InputError`` for an argument refused before anything is sent);
 response bodies are read bounded and validated into the wire schemas, never
 half-trusted.
@@ -18,7 +18,7 @@ query or a fragment.  Access (issue 15): ``token`` (else the variable
 ``token_env`` names, else ``$KILN_TOKEN``) is sent as ``Authorization:
 Bearer`` (never in ``repr`` or an error); TLS is verified against the system
 store or ``ca_file``, with ``client_cert`` (cert, key) for mutual TLS
-(``kiln_registry.client_tls``).  Imports httpx, pydantic and the
+(``kiln_registry.client.tls``).  Imports httpx, pydantic and the
 ``client_*`` modules; never FastAPI, the database, the probe or the
 launcher.  Nothing happens at import time.
 """
@@ -33,8 +33,6 @@ from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
-from kiln_registry import client_base as base
-from kiln_registry import client_ops as ops
 from kiln_registry.api.jobs_schemas import DeleteJobResponse, JobPublic, JobsListResponse
 from kiln_registry.api.schemas import (
     DeleteTeacherResponse,
@@ -46,7 +44,9 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.auth.wire import AuditEvent, ReleaseResponse
-from kiln_registry.client_base import (
+from kiln_registry.client import base as base
+from kiln_registry.client import ops as ops
+from kiln_registry.client.base import (
     DEFAULT_SERVER,
     DEFAULT_TIMEOUT_S,
     MAX_RECEIPTS,
@@ -57,7 +57,7 @@ from kiln_registry.client_base import (
     alias_path,
     check_base_url,
 )
-from kiln_registry.client_jobs import (
+from kiln_registry.client.jobs import (
     DownloadedCorpus,
     ProgressCallback,
     ResultSink,

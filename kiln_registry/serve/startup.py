@@ -37,17 +37,17 @@ from kiln_registry.auth.serving import (
     uvicorn_tls_options,
     warn_without_auth,
 )
-from kiln_registry.config import KilnConfig, check_startup_environment, load_config
+from kiln_registry.config.settings import KilnConfig, check_startup_environment, load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
-from kiln_registry.errors import ConfigError
-from kiln_registry.legacy_registry import import_configured_legacy_registry
+from kiln_registry.domain.errors import ConfigError
+from kiln_registry.legacy.registry import import_configured_legacy_registry
 from kiln_registry.local.manager import Prepare
 from kiln_registry.local.service import LocalRegistryContext, new_manager, reconcile_at_startup
 from kiln_registry.model.tokenizer import student_shape
 from kiln_registry.observability.logs import LOG_LEVELS, configure_logging
 from kiln_registry.probe.verify import StudentView
 
-log = logging.getLogger("kiln_registry.server")
+log = logging.getLogger("kiln_registry.serve.startup")
 
 MAX_OVERRIDE_ERRORS = 10
 
@@ -143,7 +143,7 @@ def run_server(
     import uvicorn
 
     from kiln_registry.api.app import create_app
-    from kiln_registry.serve_guard import uvicorn_limits
+    from kiln_registry.serve.guard import uvicorn_limits
 
     config = prepare(config_path, host=host, port=port)
     server = config.server

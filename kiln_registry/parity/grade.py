@@ -1,7 +1,7 @@
 """Grading of a parity run: compare two teachers' verified rows, position by position.
 
 Pure numpy over ``RowsCheck`` matrices; no network.  A row's difference is a
-lower bound that ties cannot inflate (see ``kiln_registry.parity``).  Imports
+lower bound that ties cannot inflate (see ``kiln_registry.parity.run``).  Imports
 numpy and ``kiln_registry.probe.verify`` only.
 """
 

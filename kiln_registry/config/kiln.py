@@ -1,4 +1,4 @@
-"""Kiln's own kiln.toml sections and keys, as ``kiln_registry.config`` reads them.
+"""Kiln's own kiln.toml sections and keys, as ``kiln_registry.config.settings`` reads them.
 
 A Kiln server's file (``crates/kiln-server/src/config.rs``, ``KilnConfig``;
 ``crates/kiln-server/src/request_log.rs``, ``RequestLogConfig``) is accepted

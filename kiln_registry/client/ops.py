@@ -32,8 +32,8 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
-from kiln_registry.client_base import Call, alias_path, call, check_limit, job_id_path
-from kiln_registry.errors import InputError
+from kiln_registry.client.base import Call, alias_path, call, check_limit, job_id_path
+from kiln_registry.domain.errors import InputError
 
 
 def _query(**params: object) -> str:

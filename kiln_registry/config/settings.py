@@ -3,7 +3,7 @@
 Owns the file format (sections ``[server]``, ``[student]``,
 ``[teachers.credentials.<id>]``, ``[teachers.local.<profile>]``, ``[jobs]``,
 plus every section and key of a Kiln server's own kiln.toml, whose models
-live in ``kiln_registry.config_kiln``), ``load_config`` (bounded read,
+live in ``kiln_registry.config.kiln``), ``load_config`` (bounded read,
 ``tomllib``, one ``ConfigError`` naming every bad key path and the file) and
 ``check_startup_environment``.  A key neither Kiln nor this project knows is
 refused; relative paths of registry keys resolve against the file's
@@ -13,8 +13,8 @@ directory, Kiln's ``[model]`` paths as Kiln reads them.  Without
 defaults that depend on the user (the database path) are computed when a
 model is built.
 
-Imports: standard library, pydantic, platformdirs, ``kiln_registry.errors``,
-``kiln_registry.config_kiln``, ``kiln_registry.config_errors``,
+Imports: standard library, pydantic, platformdirs, ``kiln_registry.domain.errors``,
+``kiln_registry.config.kiln``, ``kiln_registry.config.errors``,
 ``kiln_registry.credentials``, ``kiln_registry.identity.strict_read`` (the bounded
 read) and the pure ``kiln_registry.launcher.policy``; never the database,
 probe, API or FastAPI.
@@ -45,10 +45,10 @@ from pydantic import (
     model_validator,
 )
 
-from kiln_registry.config_access import check_tls_keys
-from kiln_registry.config_errors import validation_error
-from kiln_registry.config_guard import JobsGuardKeys, ServerGuardKeys
-from kiln_registry.config_kiln import KilnSections, KilnServerKeys, kiln_defaults
+from kiln_registry.config.access import check_tls_keys
+from kiln_registry.config.errors import validation_error
+from kiln_registry.config.guard import JobsGuardKeys, ServerGuardKeys
+from kiln_registry.config.kiln import KilnSections, KilnServerKeys, kiln_defaults
 from kiln_registry.credentials.origin import canonical_origin
 from kiln_registry.credentials.secrets import (
     ENV_NAME_PATTERN,
@@ -56,7 +56,7 @@ from kiln_registry.credentials.secrets import (
     check_environment_variable,
     is_valid_env_name,
 )
-from kiln_registry.errors import ConfigError, KilnError, PolicyError
+from kiln_registry.domain.errors import ConfigError, KilnError, PolicyError
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.launcher.policy import classify_vllm_options
 

@@ -3,7 +3,7 @@
 Owns the key-path spelling (``teachers.local.a.port``, quoted odd keys), the
 per-error line (unknown keys name their table) and the cap on how many
 errors one message lists.  Imports: standard library, pydantic's error type
-and ``kiln_registry.errors`` only.
+and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kiln_registry.errors import ConfigError
+from kiln_registry.domain.errors import ConfigError
 
 MAX_REPORTED_ERRORS = 50
 _PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")

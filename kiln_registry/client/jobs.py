@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln_registry.api.jobs_schemas import JobPublic
-from kiln_registry.client_base import TERMINAL, invalid
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.client.base import TERMINAL, invalid
+from kiln_registry.domain.errors import InputError, KilnError
 
 if TYPE_CHECKING:
     from kiln_registry.jobs.corpus_verify import CorpusSummary

@@ -27,7 +27,7 @@ from typing import Final
 import httpx
 
 from kiln_registry.auth.tokens import well_formed
-from kiln_registry.errors import InputError
+from kiln_registry.domain.errors import InputError
 
 TOKEN_ENV: Final = "KILN_TOKEN"
 CERT_ENV: Final = "KILN_CLIENT_CERT_FILE"

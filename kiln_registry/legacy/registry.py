@@ -6,7 +6,7 @@ the strict parse (UTF-8 JSON, no duplicate keys at any level, no NaN), the
 shape (an object of objects keyed by alias, each alias one the API can
 address), the atomic rewrite without ``api_key_env``, and the start-up run,
 which never stops the server.  Each entry's rules and status are Kiln's
-(``kiln_registry.legacy_entries``): only entries that carried
+(``kiln_registry.legacy.entries``): only entries that carried
 ``api_key_env`` become ``legacy_unverified``; current-format entries keep
 their identity and status.
 
@@ -29,10 +29,10 @@ leave a ``.<name>.*.kiln-import.tmp`` file beside the registry; it holds the
 stripped copy (no secret) and may be deleted.
 
 Imports: the standard library, SQLAlchemy's session types,
-``kiln_registry.aliases``, ``kiln_registry.config``, ``kiln_registry.db``
-(legacy, repository), ``kiln_registry.errors``,
+``kiln_registry.domain.aliases``, ``kiln_registry.config.settings``, ``kiln_registry.db``
+(legacy, repository), ``kiln_registry.domain.errors``,
 ``kiln_registry.identity.hashing`` (the bounded read) and
-``kiln_registry.legacy_entries``; never the API, probe or launcher layers.
+``kiln_registry.legacy.entries``; never the API, probe or launcher layers.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.aliases import alias_problem
-from kiln_registry.config import KilnConfig
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.legacy import MAX_LEGACY_ROWS, LegacyEntry, insert_legacy_entries
 from kiln_registry.db.repository import LegacyImportRepository, unit_of_work
-from kiln_registry.errors import InputError, KilnError
+from kiln_registry.domain.aliases import alias_problem
+from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.identity.strict_read import (
     DuplicateKeyError,
     FileProblem,
@@ -61,9 +61,9 @@ from kiln_registry.identity.strict_read import (
     loads_strict,
     read_regular_file,
 )
-from kiln_registry.legacy_entries import LEGACY_FIELD, legacy_entry
+from kiln_registry.legacy.entries import LEGACY_FIELD, legacy_entry
 
-log = logging.getLogger("kiln_registry.legacy_registry")
+log = logging.getLogger("kiln_registry.legacy.registry")
 
 MAX_REGISTRY_BYTES: Final = 64 * 1024 * 1024
 MAX_ENTRIES: Final = MAX_LEGACY_ROWS

@@ -14,7 +14,7 @@ reaped, and the work directory is removed.  While cleaning up, further
 SIGINT/SIGTERM are ignored so the cleanup cannot be cut short.  On Linux the
 children also get SIGTERM if the demo itself dies (``PR_SET_PDEATHSIG``).
 
-The child processes and the cleanup live in ``kiln_registry.demo_processes``.
+The child processes and the cleanup live in ``kiln_registry.demo.processes``.
 
 Imports: standard library, httpx, platformdirs and kiln_registry's client,
 errors, ``demo_processes`` and (inside ``ensure_demo_model``) the tiny model
@@ -39,9 +39,9 @@ from typing import Any
 import httpx
 import platformdirs
 
-from kiln_registry.client import RegistryClient, RegistryClientError
-from kiln_registry.demo_processes import Child, DemoRun, cleaned_up, free_port, wait_for
-from kiln_registry.errors import InputError, LauncherError
+from kiln_registry.client.sync import RegistryClient, RegistryClientError
+from kiln_registry.demo.processes import Child, DemoRun, cleaned_up, free_port, wait_for
+from kiln_registry.domain.errors import InputError, LauncherError
 
 RESULT_SCHEMA = "kiln.demo-result.v1"
 MODEL_DIR_NAME = "model-v1"

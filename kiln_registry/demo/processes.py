@@ -8,7 +8,7 @@ their own session, output in files of the work directory, on Linux with
 runs with SIGINT and SIGTERM ignored) and ``wait_for`` (poll until ready, the
 child exits, or the deadline passes).
 
-Imports: standard library and ``kiln_registry.errors`` only.
+Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.errors import LauncherError
+from kiln_registry.domain.errors import LauncherError
 
 STOP_GRACE_S = 10.0
 LOG_TAIL_BYTES = 2000

@@ -25,7 +25,7 @@ are re-checked when the entry is read, not here.  Values that do not fit
 the registry's own columns are not stored (and make the entry unavailable).
 
 Imports: the standard library, ``kiln_registry.credentials.origin``,
-``kiln_registry.db.legacy``, ``kiln_registry.errors`` and
+``kiln_registry.db.legacy``, ``kiln_registry.domain.errors`` and
 ``kiln_registry.identity.document``; never the API, probe or launcher layers.
 """
 
@@ -41,7 +41,7 @@ from kiln_registry.db.legacy import (
     LEGACY_STATUS_MESSAGE,
     LegacyEntry,
 )
-from kiln_registry.errors import RELEASE_NOTE, KilnError
+from kiln_registry.domain.errors import RELEASE_NOTE, KilnError
 from kiln_registry.identity.document import TeacherIdentity
 
 LEGACY_FIELD: Final = "api_key_env"

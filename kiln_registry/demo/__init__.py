@@ -1,0 +1,1 @@
+"""``kiln demo``: the end-to-end run (``run``) and its child processes (``processes``)."""

@@ -1,0 +1,1 @@
+"""Import of Kiln's ``teachers.json``: the file (``registry``), entries (``entries``)."""

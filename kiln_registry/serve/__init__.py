@@ -1,0 +1,1 @@
+"""``kiln serve``: start-up (``startup``) and its uvicorn connection guards (``guard``)."""
