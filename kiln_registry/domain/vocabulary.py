@@ -1,0 +1,73 @@
+"""The registry's one vocabulary: teacher kinds and statuses, job kinds and statuses.
+
+Every layer names these values through this module: the wire schemas
+(``api/schemas.py``, ``api/jobs_schemas.py``), the CHECK constraints of the
+rows (``db/models.py``, ``jobs/models.py``), the services and the job queue.
+Members are ``StrEnum``s, so a member equals (and is stored as) its string.
+
+Orders are part of the contract: ``TeacherKind`` lists its members in the
+order the OpenAPI document shows them; the rows keep their own CHECK order
+(see ``db/models.py``).  ``TeacherStatus.launching`` is internal: a local
+teacher's placeholder row, published as ``unavailable``
+(``PUBLISHED_TEACHER_STATUSES`` are the ones a response can carry).
+
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class TeacherKind(StrEnum):
+    """How a teacher is served: a remote vLLM endpoint, a local launch or a fixture."""
+
+    fixture = "fixture"
+    local = "local"
+    remote = "remote"
+
+
+class TeacherStatus(StrEnum):
+    """A registry row's status; ``launching`` never leaves the server."""
+
+    verified = "verified"
+    configured = "configured"
+    legacy_unverified = "legacy_unverified"
+    unavailable = "unavailable"
+    launching = "launching"
+
+
+PUBLISHED_TEACHER_STATUSES: Final[tuple[TeacherStatus, ...]] = (
+    TeacherStatus.verified,
+    TeacherStatus.configured,
+    TeacherStatus.legacy_unverified,
+    TeacherStatus.unavailable,
+)
+
+
+class JobKind(StrEnum):
+    """What a job does: score given sequences, or generate an off-policy corpus."""
+
+    teacher_scoring = "teacher_scoring"
+    off_policy_generation = "off_policy_generation"
+
+
+class JobStatus(StrEnum):
+    """queued -> probing -> running -> succeeded | failed | cancelled."""
+
+    queued = "queued"
+    probing = "probing"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+# Tuples (ordered, so SQL ``IN`` lists and messages are stable); ``in`` tests membership.
+ACTIVE_JOB_STATUSES: Final[tuple[JobStatus, ...]] = (JobStatus.probing, JobStatus.running)
+TERMINAL_JOB_STATUSES: Final[tuple[JobStatus, ...]] = (
+    JobStatus.succeeded,
+    JobStatus.failed,
+    JobStatus.cancelled,
+)
