@@ -20,17 +20,16 @@ from enum import StrEnum
 from typing import Final
 
 
+# No class docstrings: pydantic would publish them as the schemas' descriptions.
+# How a teacher is served: a remote vLLM endpoint, a local launch or a fixture.
 class TeacherKind(StrEnum):
-    """How a teacher is served: a remote vLLM endpoint, a local launch or a fixture."""
-
     fixture = "fixture"
     local = "local"
     remote = "remote"
 
 
+# A registry row's status; ``launching`` never leaves the server.
 class TeacherStatus(StrEnum):
-    """A registry row's status; ``launching`` never leaves the server."""
-
     verified = "verified"
     configured = "configured"
     legacy_unverified = "legacy_unverified"
@@ -46,16 +45,14 @@ PUBLISHED_TEACHER_STATUSES: Final[tuple[TeacherStatus, ...]] = (
 )
 
 
+# What a job does: score given sequences, or generate an off-policy corpus.
 class JobKind(StrEnum):
-    """What a job does: score given sequences, or generate an off-policy corpus."""
-
     teacher_scoring = "teacher_scoring"
     off_policy_generation = "off_policy_generation"
 
 
+# queued -> probing -> running -> succeeded | failed | cancelled.
 class JobStatus(StrEnum):
-    """queued -> probing -> running -> succeeded | failed | cancelled."""
-
     queued = "queued"
     probing = "probing"
     running = "running"
