@@ -4,7 +4,7 @@ Builds a vLLM-shaped body (K=32, 30,303 positions, every row K+1 wide,
 realistic 16-17 digit float32 reprs, about 71 MB), then in the same run
 times ``orjson.loads`` of the bytes (the baseline) against the full
 validation the probe client runs: ``parse_completion_fast`` (the numpy fast
-path, ``probe/fastscan.py``) + ``verify_completion``.  Rounds are paired
+path, ``probe/candidate_scan.py``) + ``verify_completion``.  Rounds are paired
 (baseline, then validation, ``--repeat`` times); both wall-clock and process
 CPU time are reported (best of the rounds, and the median of the per-round
 CPU ratios); the CPU ratio is the one to quote on a shared machine.  Peak
@@ -34,8 +34,8 @@ import orjson
 
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.probe import fastscan, verify
-from kiln_registry.probe.fastscan import (
+from kiln_registry.probe import candidate_scan, verify
+from kiln_registry.probe.candidate_scan import (
     FastPathDeferred,
     parse_completion_fast,
     scan_completion,
@@ -124,15 +124,15 @@ def paired_rounds(repeat: int, base: Callable[[], object], fn: Callable[[], obje
 
 
 PHASES: tuple[tuple[object, str, str], ...] = (
-    (fastscan, "_quotes", "scan: unescaped quote positions"),
-    (fastscan, "_gaps", "scan: candidate and row links"),
-    (fastscan, "_windows", "scan: fixed template windows"),
-    (fastscan, "_check_text", "scan: strings, escapes, UTF-8"),
-    (fastscan, "small_ints", "scan: token ids and ranks"),
-    (fastscan, "exact_logprobs", "scan: logprobs (exact)"),
-    (fastscan, "_scan_chunk", "scan: all chunks"),
-    (fastscan, "_columns", "scan: row offsets, widths, duplicates"),
-    (fastscan, "strict_loads", "scan: envelope (strict JSON)"),
+    (candidate_scan, "_quotes", "scan: unescaped quote positions"),
+    (candidate_scan, "_gaps", "scan: candidate and row links"),
+    (candidate_scan, "_windows", "scan: fixed template windows"),
+    (candidate_scan, "_check_text", "scan: strings, escapes, UTF-8"),
+    (candidate_scan, "small_ints", "scan: token ids and ranks"),
+    (candidate_scan, "exact_logprobs", "scan: logprobs (exact)"),
+    (candidate_scan, "_scan_chunk", "scan: all chunks"),
+    (candidate_scan, "_columns", "scan: row offsets, widths, duplicates"),
+    (candidate_scan, "strict_loads", "scan: envelope (strict JSON)"),
     (sys.modules[__name__], "parse_completion_fast", "parse total"),
     (verify, "verify_rows", "verify: rows"),
     (sys.modules[__name__], "verify_completion", "verify total"),

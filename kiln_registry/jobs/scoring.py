@@ -35,8 +35,8 @@ import numpy as np
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.cache import ScoredSequence
+from kiln_registry.probe.candidate_scan import parse_completion_fast
 from kiln_registry.probe.client import SecretSource, completion_request, status_failure
-from kiln_registry.probe.fastscan import parse_completion_fast
 from kiln_registry.probe.parse import response_body_limit
 from kiln_registry.probe.verify import verify_completion
 from kiln_registry.probe.wire import TeacherWire

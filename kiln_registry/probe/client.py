@@ -33,8 +33,8 @@ import httpx
 from kiln_registry.domain.errors import KilnError, ProbeBusy, ProbeFailed
 from kiln_registry.identity.bounds import MAX_CANDIDATES, allocation_bound
 from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.probe.candidate_scan import parse_completion_fast
 from kiln_registry.probe.exposure import NOT_SHOWN, unreachable, vllm_error_text
-from kiln_registry.probe.fastscan import parse_completion_fast
 from kiln_registry.probe.parse import (
     MAX_VOCAB_SIZE,
     fail,

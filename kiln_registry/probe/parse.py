@@ -186,7 +186,7 @@ def strict_loads(
 ) -> object:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity literals.
 
-    ``parse_float`` replaces ``float`` for float literals (``probe.fastscan``
+    ``parse_float`` replaces ``float`` for float literals (``probe.candidate_scan``
     uses it to locate the one literal it substituted for the rows array).
     """
     try:
@@ -374,7 +374,7 @@ def completion_from_tree(
 ) -> ParsedCompletion:
     """Check the decoded body around ``choices[0].prompt_logprobs``, which ``rows`` packs.
 
-    Shared by ``parse_completion`` and the fast path (``probe.fastscan``), so
+    Shared by ``parse_completion`` and the fast path (``probe.candidate_scan``), so
     both apply the same envelope rules in the same order.
     """
     if not isinstance(top, dict):

@@ -19,7 +19,7 @@ response stays within a few tens of MB.
 Student/identity disagreements raise ``IdentityMismatch`` (409); every other
 failure raises ``ProbeFailed`` with ``rule="probe.<name>"``.  Imports: numpy,
 ``kiln_registry.domain.errors``, ``kiln_registry.identity``, ``probe.parse`` and
-``probe.fastscan`` (its duplicate finder); no sockets or httpx.
+``probe.candidate_scan`` (its duplicate finder); no sockets or httpx.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from kiln_registry.domain.errors import FingerprintError, IdentityMismatch
 from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
-from kiln_registry.probe.fastscan import first_duplicate
+from kiln_registry.probe.candidate_scan import first_duplicate
 from kiln_registry.probe.parse import (
     ParsedCompletion,
     PromptLogprobColumns,

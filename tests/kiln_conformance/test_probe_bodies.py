@@ -25,7 +25,7 @@ import pytest
 
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.probe.fastscan import parse_completion_fast
+from kiln_registry.probe.candidate_scan import parse_completion_fast
 from kiln_registry.probe.parse import ParsedCompletion, parse_completion
 from kiln_registry.probe.verify import RowsCheck, verify_completion
 

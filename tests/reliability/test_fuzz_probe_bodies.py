@@ -11,7 +11,7 @@ as vLLM 0.33 adds, key order anywhere -- rows are maps, as in Kiln's
 remote_teacher.rs --, white space, escapes, number spelling, decoded tokens of
 any JSON type) is accepted with exactly the same result; random
 byte edits either are refused or yield a result that satisfies the invariants.
-Every body is also parsed by ``probe.fastscan.parse_completion_fast``, which
+Every body is also parsed by ``probe.candidate_scan.parse_completion_fast``, which
 must give exactly the strict parser's answer: the same columns, or the same
 refusal (rule and message).
 """
@@ -31,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeFailed
-from kiln_registry.probe.fastscan import parse_completion_fast
+from kiln_registry.probe.candidate_scan import parse_completion_fast
 from kiln_registry.probe.parse import ParsedCompletion, parse_completion, response_body_limit
 from kiln_registry.probe.verify import RowsCheck
 from tests.probe.teacher_server import completion_body, make_identity

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kiln_registry.domain.errors import ProbeFailed
-from kiln_registry.probe import fastscan
-from kiln_registry.probe.fastscan import (
+from kiln_registry.probe import candidate_scan
+from kiln_registry.probe.candidate_scan import (
     FastPathDeferred,
     first_duplicate,
     parse_completion_fast,
@@ -102,7 +102,7 @@ def test_captured_bodies_take_the_fast_path(name: str) -> None:
 def test_small_chunks_cross_candidates_and_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     body, args = captured("fp32_pl32_64tok")
     for size in (97, 1000, 4096):
-        monkeypatch.setattr(fastscan, "CHUNK_BYTES", size)
+        monkeypatch.setattr(candidate_scan, "CHUNK_BYTES", size)
         assert fast_taken(body, args)
 
 
@@ -238,7 +238,7 @@ def test_an_array_key_inside_a_string_or_another_object_is_not_trusted() -> None
 
 
 def test_the_cut_literal_in_the_envelope_defers() -> None:
-    text = json.dumps(fastscan._CUT_TEXT).encode()
+    text = json.dumps(candidate_scan._CUT_TEXT).encode()
     body = one_row_body(["-1.5", "-0.5"]).replace(b'"text":""', b'"text":' + text, 1)
     assert not fast_taken(body, row_args(1))
     body = one_row_body(["-1.5", "-0.5"]).replace(b'"created":1', b'"created":-0.0e-7777777', 1)

@@ -1,6 +1,6 @@
 """Exact, vectorized number conversion for the fast prompt-logprobs path.
 
-Owns the numeric half of ``probe.fastscan``: ``small_ints`` (canonical 1..8
+Owns the numeric half of ``probe.candidate_scan``: ``small_ints`` (canonical 1..8
 digit ids and ranks, range-checked) and ``exact_logprobs`` (JSON numbers to
 float32 exactly as the strict parser's ``float`` would): Clinger's fast path
 (mantissa <= 2**53, division by an exact power of ten); otherwise an integer

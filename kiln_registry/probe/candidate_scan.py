@@ -23,12 +23,12 @@ accepts, with byte-identical columns:
 - the envelope (everything but the array) is parsed by ``strict_loads`` with
   the array replaced by a unique float literal, which must come back as
   ``choices[0].prompt_logprobs``, so the cut is exactly that value;
-- ids, ranks and logprobs are converted exactly by ``probe.fastnum``.
+- ids, ranks and logprobs are converted exactly by ``probe.exact_numbers``.
 
 Work is done in chunks of about ``CHUNK_BYTES`` so temporaries stay small; no
 Python object is made per candidate on the common path.  Imports numpy, the
 standard library, ``kiln_registry.domain.errors``, ``probe.parse`` and
-``probe.fastnum``; no sockets, httpx or database.
+``probe.exact_numbers``; no sockets, httpx or database.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kiln_registry.domain.errors import ProbeFailed
-from kiln_registry.probe.fastnum import (
+from kiln_registry.probe.exact_numbers import (
     I64,
     U64,
     Bytes,
