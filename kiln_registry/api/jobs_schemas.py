@@ -3,7 +3,8 @@
 Inputs forbid unknown fields and use strict integers (``true`` or ``1.0`` is
 never a token id).  Output models are built from a ``JobRow`` by
 ``job_public`` field by field, so the claim token and the pinned credential
-id never reach a response.  Imports pydantic and ``jobs.models``.
+id never reach a response.  Imports pydantic, ``kiln_registry.domain`` (aliases,
+vocabulary) and ``jobs.models``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from kiln_registry.api.wire import Sha256Hex, Sha256Ref, WireModel
 from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS
+from kiln_registry.domain.vocabulary import JobKind
+from kiln_registry.domain.vocabulary import JobStatus as JobStatus
 from kiln_registry.jobs.models import JobRow
 
 MAX_INLINE_SEQUENCES = 10_000
@@ -24,15 +27,6 @@ JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
 # A token id is a signed 64-bit value at most (issue 15: 2^63 was an OverflowError, a 500);
 # the vocabulary bound itself is checked against the pinned identity at submission.
 TokenId = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
-
-
-class JobStatus(StrEnum):
-    queued = "queued"
-    probing = "probing"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
 
 
 class JobSourceKind(StrEnum):
@@ -278,7 +272,7 @@ def job_public(row: JobRow) -> JobPublic:
     if row.error_code is not None:
         error = JobError(code=row.error_code, rule=row.error_rule, message=row.error_message or "")
     result = None
-    if row.status == "succeeded" and row.result_sha256 is not None:
+    if row.status == JobStatus.succeeded and row.result_sha256 is not None:
         result = JobResultInfo(bytes=row.result_bytes or 0, sha256=row.result_sha256)
     generation = None
     if row.generation_json is not None:
@@ -286,7 +280,9 @@ def job_public(row: JobRow) -> JobPublic:
         generation = GenerationInfo(**{k: settings[k] for k in GenerationInfo.model_fields})
     return JobPublic(
         id=row.id,
-        kind="off_policy_generation" if row.kind == "off_policy_generation" else "teacher_scoring",
+        kind="off_policy_generation"
+        if row.kind == JobKind.off_policy_generation
+        else "teacher_scoring",
         generation=generation,
         status=JobStatus(row.status),
         teacher=row.teacher_alias,

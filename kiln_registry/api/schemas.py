@@ -11,7 +11,8 @@ without a value are omitted, never ``null``, as in Kiln's artifact schema
 ``off_policy_manifest``, ``status_message``); ``capabilities`` and the other
 spec fields are required and nullable; the identity keeps ``"adapter": null``.
 
-Imports pydantic, ``kiln_registry.domain.aliases`` and ``api.wire`` only.
+Imports pydantic, ``kiln_registry.domain`` (aliases, vocabulary), ``api.wire`` and
+``api.all_errors`` only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from kiln_registry.api.wire import Sha256Hex as Sha256Hex
 from kiln_registry.api.wire import Sha256Ref as Sha256Ref
 from kiln_registry.api.wire import WireModel as WireModel
 from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
+from kiln_registry.domain.vocabulary import TeacherKind as TeacherKind
+from kiln_registry.domain.vocabulary import TeacherStatus as StoredStatus
 
 # The alias rule as a regular expression (ECMA-262 and Python ``re`` agree on it).
 ALIAS_PATTERN = re.compile(ALIAS_JSON_PATTERN)
@@ -53,12 +56,6 @@ SERVER_CONTROLLED_FIELDS: tuple[str, ...] = (
 )
 
 
-class TeacherKind(StrEnum):
-    fixture = "fixture"
-    local = "local"
-    remote = "remote"
-
-
 class RemoteProvider(StrEnum):
     """Kiln's remote protocols (``kiln_train::RemoteProvider``); registration takes `vllm`."""
 
@@ -72,11 +69,14 @@ class RemoteProvider(StrEnum):
     tgi = "tgi"
 
 
+# The published statuses (``vocabulary.PUBLISHED_TEACHER_STATUSES``): the stored
+# statuses less the internal ``launching``, which a response shows as ``unavailable``.
+# A class of its own so the OpenAPI enum lists these four only.
 class TeacherStatus(StrEnum):
-    verified = "verified"
-    configured = "configured"
-    legacy_unverified = "legacy_unverified"
-    unavailable = "unavailable"
+    verified = StoredStatus.verified.value
+    configured = StoredStatus.configured.value
+    legacy_unverified = StoredStatus.legacy_unverified.value
+    unavailable = StoredStatus.unavailable.value
 
 
 def _bounded_text(value: str | None, field: str, limit: int) -> str | None:

@@ -9,7 +9,7 @@ change tables with explicit ``op.*`` code, and ``metadata`` here is kept in
 step with them for reference (a test compares the two). No row holds a
 secret: teachers store a ``credential_id`` (a name), never a key.
 
-Imports: the standard library and SQLAlchemy only.
+Imports: the standard library, SQLAlchemy and ``kiln_registry.domain.vocabulary``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Final
 from sqlalchemy import CheckConstraint, Index, Integer, MetaData, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-TEACHER_KINDS: Final = ("remote", "local", "fixture")
-TEACHER_STATUSES: Final = (
-    "verified",
-    "configured",
-    "legacy_unverified",
-    "unavailable",
-    "launching",
+from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
+
+# The CHECK lists, in the order the migrations wrote them (the SQL stays byte-identical);
+# the values are ``domain.vocabulary``'s.
+TEACHER_KINDS: Final[tuple[str, ...]] = tuple(
+    kind.value for kind in (TeacherKind.remote, TeacherKind.local, TeacherKind.fixture)
 )
+TEACHER_STATUSES: Final[tuple[str, ...]] = tuple(status.value for status in TeacherStatus)
 RECEIPT_OUTCOMES: Final = ("passed", "failed")
 LEGACY_IMPORT_OUTCOMES: Final = ("imported", "refused")
 
@@ -51,7 +51,8 @@ def utc_timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _in_list(column: str, values: tuple[str, ...]) -> str:
+def in_list(column: str, values: tuple[str, ...]) -> str:
+    """The CHECK expression ``column IN ('a', 'b')`` (values are fixed identifiers)."""
     quoted = ", ".join(f"'{value}'" for value in values)
     return f"{column} IN ({quoted})"
 
@@ -65,8 +66,8 @@ class TeacherRow(Base):
 
     __tablename__ = "teachers"
     __table_args__ = (
-        CheckConstraint(_in_list("kind", TEACHER_KINDS), name="kind"),
-        CheckConstraint(_in_list("status", TEACHER_STATUSES), name="status"),
+        CheckConstraint(in_list("kind", TEACHER_KINDS), name="kind"),
+        CheckConstraint(in_list("status", TEACHER_STATUSES), name="status"),
     )
 
     alias: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -94,7 +95,7 @@ class ProbeReceiptRow(Base):
 
     __tablename__ = "probe_receipts"
     __table_args__ = (
-        CheckConstraint(_in_list("outcome", RECEIPT_OUTCOMES), name="outcome"),
+        CheckConstraint(in_list("outcome", RECEIPT_OUTCOMES), name="outcome"),
         Index("ix_probe_receipts_alias_created_at", "alias", "created_at"),
         # AUTOINCREMENT: a deleted receipt's id is never handed out again.
         {"sqlite_autoincrement": True},
@@ -127,7 +128,7 @@ class LegacyImportStatusRow(Base):
     __tablename__ = "legacy_import_status"
     __table_args__ = (
         CheckConstraint("id = 1", name="single_row"),
-        CheckConstraint(_in_list("outcome", LEGACY_IMPORT_OUTCOMES), name="outcome"),
+        CheckConstraint(in_list("outcome", LEGACY_IMPORT_OUTCOMES), name="outcome"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)

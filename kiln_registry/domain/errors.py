@@ -25,7 +25,7 @@ same failure.
     ├── AliasExists                teacher_alias_exists                        409
     ├── IdentityRequired           teacher_identity_required                   409
     ├── TeacherNotFound            teacher_not_found                           404
-    ├── TeacherNotRegistered       teacher_not_registered                      400
+    │                              (a job's: teacher_not_registered, 400)
     ├── LocalTeacherBusy           teacher_launch_conflict                     409
     ├── JobInvalid                 job_invalid                                 400
     ├── JobNotFound                job_not_found                               404
@@ -169,17 +169,33 @@ class IdentityRequired(KilnError):
 
 
 class TeacherNotFound(KilnError):
+    """The alias is not registered: one fact with two wire forms, as in Kiln.
+
+    The teacher routes answer ``404 teacher_not_found``; a job that names the
+    alias (at submission, or when its teacher was deleted before it ran) is
+    ``400 teacher_not_registered`` (Kiln's job code): build that one with
+    ``in_job``.
+    """
+
     status = 404
     code = "teacher_not_found"
     default_hint = "list the registered aliases with GET /v1/teachers"
+    JOB_STATUS = 400
+    JOB_CODE = "teacher_not_registered"
+    JOB_HINT = "register the teacher first (POST /v1/teachers); list aliases with GET /v1/teachers"
 
-
-class TeacherNotRegistered(KilnError):
-    status = 400
-    code = "teacher_not_registered"
-    default_hint = (
-        "register the teacher first (POST /v1/teachers); list aliases with GET /v1/teachers"
-    )
+    @classmethod
+    def in_job(
+        cls, message: str, *, rule: str | None = None, hint: str | None = None
+    ) -> TeacherNotFound:
+        """The job form: ``400 teacher_not_registered``."""
+        return cls(
+            message,
+            rule=rule,
+            hint=cls.JOB_HINT if hint is None else hint,
+            code=cls.JOB_CODE,
+            status=cls.JOB_STATUS,
+        )
 
 
 class LocalTeacherBusy(KilnError):

@@ -9,12 +9,11 @@ template (``jobs.generation_sources``); the job row records the canonical
 sampling settings in ``generation_json`` and ``top_k``.
 
 Call from a worker thread.  Imports: standard library, SQLAlchemy,
-``kiln_registry.config.settings``/``db``/``errors`` and ``jobs``; never the API.
+``kiln_registry.config.settings``/``domain`` and ``jobs``; never the API.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +21,8 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config.settings import KilnConfig
-from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.domain.errors import JobConflict, JobInvalid
+from kiln_registry.domain.errors import JobInvalid
+from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.generation_output import insert_prompts
 from kiln_registry.jobs.generation_sources import (
@@ -35,10 +34,8 @@ from kiln_registry.jobs.generation_sources import (
 )
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.service import JobSubmission, _job_row, _read_pin, pin_teacher
+from kiln_registry.jobs.service import JobSubmission, _job_row, _read_pin, insert_pinned
 from kiln_registry.jobs.sources import LoadedSequences
-
-KIND = "off_policy_generation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,23 +68,18 @@ def submit_generation(
     """Validate and queue a generation job; return its row (detached from the session)."""
     pin = _read_pin(sessions, sub.teacher)
     prompts = load_prompts(config, sub, pin.identity)
-    job_id = "job-" + secrets.token_hex(12)
-    with unit_of_work(sessions) as session:
-        if pin_teacher(TeacherRepository(session).get(sub.teacher), sub.teacher) != pin:
-            raise JobConflict(
-                f"teacher alias {sub.teacher!r} changed while the job was being submitted",
-                hint="submit the job again",
-            )
+
+    def write(session: Session, job_id: str) -> JobRow:
         loaded = LoadedSequences([seq for seq, _ in prompts.items], prompts.token_count,
                                  prompts.corpus_path, prompts.corpus_sha256)  # fmt: skip
         row = _job_row(job_id, pin, JobSubmission(sub.teacher, sub.settings.top_k), loaded)
-        row.kind = KIND
+        row.kind = JobKind.off_policy_generation.value
         row.generation_json = sub.settings.canonical_json()
         JobRepository(session).insert(row, [])
         insert_prompts(session, job_id, prompts.items)
-        session.flush()
-        session.expunge(row)
         return row
+
+    return insert_pinned(sessions, sub.teacher, pin, write)
 
 
 def generation_submission(body: Any) -> GenerationSubmission:

@@ -8,7 +8,8 @@ their CHECK columns.  The rows share ``kiln_registry.db.models.Base`` so
 imported.
 
 No row holds a secret: a job pins its teacher's ``credential_id`` (a name).
-Imports: the standard library, SQLAlchemy and ``kiln_registry.db.models``.
+Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` and
+``kiln_registry.domain.vocabulary``.
 """
 
 from __future__ import annotations
@@ -26,17 +27,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kiln_registry.db.models import Base
+from kiln_registry.db.models import Base, in_list
+from kiln_registry.domain.vocabulary import JobKind, JobStatus
 
-JOB_KINDS: Final = ("teacher_scoring", "off_policy_generation")
-JOB_STATUSES: Final = ("queued", "probing", "running", "succeeded", "failed", "cancelled")
-ACTIVE_STATUSES: Final = ("probing", "running")
-TERMINAL_STATUSES: Final = ("succeeded", "failed", "cancelled")
+# The CHECK lists (values and order from ``domain.vocabulary``, as the migrations wrote them).
+JOB_KINDS: Final[tuple[str, ...]] = tuple(kind.value for kind in JobKind)
+JOB_STATUSES: Final[tuple[str, ...]] = tuple(status.value for status in JobStatus)
 JOB_SOURCES: Final = ("inline", "corpus")
-
-
-def _in_list(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
 class JobRow(Base):
@@ -44,9 +41,9 @@ class JobRow(Base):
 
     __tablename__ = "jobs"
     __table_args__ = (
-        CheckConstraint(_in_list("status", JOB_STATUSES), name="status"),
-        CheckConstraint(_in_list("kind", JOB_KINDS), name="kind"),
-        CheckConstraint(_in_list("source", JOB_SOURCES), name="source"),
+        CheckConstraint(in_list("status", JOB_STATUSES), name="status"),
+        CheckConstraint(in_list("kind", JOB_KINDS), name="kind"),
+        CheckConstraint(in_list("source", JOB_SOURCES), name="source"),
         Index("ix_jobs_status_created_at", "status", "created_at"),
         Index("ix_jobs_created_at", "created_at"),
     )

@@ -11,7 +11,7 @@ claim token (``update_claimed``), so a worker that lost its claim (restart
 recovery, cancellation of a queued job) changes nothing.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` (the
-timestamp), ``jobs.models`` and ``kiln_registry.domain.errors``.
+timestamp), ``jobs.models`` and ``kiln_registry.domain`` (errors, vocabulary).
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.domain.errors import InputError, JobConflict, JobNotFound
-from kiln_registry.jobs.models import (
-    ACTIVE_STATUSES,
-    JOB_STATUSES,
-    TERMINAL_STATUSES,
-    JobRow,
-    JobSequenceRow,
-)
+from kiln_registry.domain.vocabulary import ACTIVE_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
+from kiln_registry.jobs.models import JOB_STATUSES, JobRow, JobSequenceRow
 
 MAX_LIST_LIMIT: Final = 1_000
 MAX_PAGE: Final = 10_000
@@ -124,7 +119,7 @@ class JobRepository:
     def delete_finished(self, job_id: str) -> None:
         """Remove a finished job and its sequences; ``JobConflict`` while it is not finished."""
         row = self.require(job_id)
-        if row.status not in TERMINAL_STATUSES:
+        if row.status not in TERMINAL_JOB_STATUSES:
             raise JobConflict(
                 f"job {job_id!r} is {row.status}; only a finished job (succeeded, failed or"
                 " cancelled) can be deleted",
@@ -136,7 +131,7 @@ class JobRepository:
         self._session.execute(delete(JobSequenceRow).where(JobSequenceRow.job_id == job_id))
         gone = self._session.execute(
             delete(JobRow)
-            .where(JobRow.id == job_id, JobRow.status.in_(TERMINAL_STATUSES))
+            .where(JobRow.id == job_id, JobRow.status.in_(TERMINAL_JOB_STATUSES))
             .execution_options(synchronize_session=False)
         )
         if _rowcount(gone) != 1:  # unreachable under the write lock; fail closed anyway
@@ -149,7 +144,7 @@ class JobRepository:
         ended = func.coalesce(JobRow.finished_at, JobRow.updated_at)
         query = (
             select(JobRow.id, JobRow.result_path)
-            .where(JobRow.status.in_(TERMINAL_STATUSES), ended < cutoff)
+            .where(JobRow.status.in_(TERMINAL_JOB_STATUSES), ended < cutoff)
             .order_by(ended, JobRow.id)
             .limit(limit)
         )
@@ -159,7 +154,7 @@ class JobRepository:
         """Atomically move the oldest queued job to ``probing`` under ``token``."""
         oldest = (
             select(JobRow.id)
-            .where(JobRow.status == "queued")
+            .where(JobRow.status == JobStatus.queued)
             .order_by(JobRow.created_at, JobRow.id)
             .limit(1)
             .scalar_subquery()
@@ -167,9 +162,9 @@ class JobRepository:
         now = utc_timestamp()
         stmt = (
             update(JobRow)
-            .where(JobRow.id == oldest, JobRow.status == "queued")
+            .where(JobRow.id == oldest, JobRow.status == JobStatus.queued)
             .values(
-                status="probing",
+                status=JobStatus.probing,
                 claim_token=token,
                 claimed_at=now,
                 updated_at=now,
@@ -188,7 +183,7 @@ class JobRepository:
             .where(
                 JobRow.id == job_id,
                 JobRow.claim_token == token,
-                JobRow.status.in_(ACTIVE_STATUSES),
+                JobRow.status.in_(ACTIVE_JOB_STATUSES),
             )
             .values(updated_at=utc_timestamp(), **values)
             .execution_options(synchronize_session=False)
@@ -210,21 +205,23 @@ class JobRepository:
         """Cancel now (queued), at the next request boundary (active), or refuse (done)."""
         row = self.require(job_id)
         now = utc_timestamp()
-        if row.status == "queued":
+        if row.status == JobStatus.queued:
             self._session.execute(
                 update(JobRow)
-                .where(JobRow.id == job_id, JobRow.status == "queued")
-                .values(status="cancelled", cancel_requested=1, finished_at=now, updated_at=now)
+                .where(JobRow.id == job_id, JobRow.status == JobStatus.queued)
+                .values(
+                    status=JobStatus.cancelled, cancel_requested=1, finished_at=now, updated_at=now
+                )
                 .execution_options(synchronize_session=False)
             )
-        elif row.status in ACTIVE_STATUSES:
+        elif row.status in ACTIVE_JOB_STATUSES:
             self._session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id)
                 .values(cancel_requested=1, updated_at=now)
                 .execution_options(synchronize_session=False)
             )
-        elif row.status != "cancelled":
+        elif row.status != JobStatus.cancelled:
             raise JobConflict(
                 f"job {job_id!r} already {row.status}; only queued or running jobs can be cancelled"
             )
@@ -235,18 +232,18 @@ class JobRepository:
         """At start-up: active jobs go back to ``queued`` (or ``cancelled`` if asked)."""
         now = utc_timestamp()
         active = list(
-            self._session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE_STATUSES)))
+            self._session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE_JOB_STATUSES)))
         )
         self._session.execute(
             update(JobRow)
-            .where(JobRow.status.in_(ACTIVE_STATUSES), JobRow.cancel_requested == 1)
-            .values(status="cancelled", claim_token=None, finished_at=now, updated_at=now)
+            .where(JobRow.status.in_(ACTIVE_JOB_STATUSES), JobRow.cancel_requested == 1)
+            .values(status=JobStatus.cancelled, claim_token=None, finished_at=now, updated_at=now)
             .execution_options(synchronize_session=False)
         )
         self._session.execute(
             update(JobRow)
-            .where(JobRow.status.in_(ACTIVE_STATUSES))
-            .values(status="queued", claim_token=None, updated_at=now, **_RESET_PHASES)
+            .where(JobRow.status.in_(ACTIVE_JOB_STATUSES))
+            .values(status=JobStatus.queued, claim_token=None, updated_at=now, **_RESET_PHASES)
             .execution_options(synchronize_session=False)
         )
         return active
@@ -256,8 +253,13 @@ class JobRepository:
         stmt = (
             update(JobRow)
             .where(JobRow.id == job_id, JobRow.claim_token == token)
-            .where(JobRow.status.in_(ACTIVE_STATUSES))
-            .values(status="queued", claim_token=None, updated_at=utc_timestamp(), **_RESET_PHASES)
+            .where(JobRow.status.in_(ACTIVE_JOB_STATUSES))
+            .values(
+                status=JobStatus.queued,
+                claim_token=None,
+                updated_at=utc_timestamp(),
+                **_RESET_PHASES,
+            )
             .execution_options(synchronize_session=False)
         )
         return _rowcount(self._session.execute(stmt)) == 1

@@ -26,7 +26,7 @@ from typing import Final
 from kiln_registry.credentials.resolve import resolve_teacher_endpoint
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotRegistered
+from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotFound
 from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.jobs.generation import GenerationPipeline
@@ -126,7 +126,7 @@ class JobRun:
         with unit_of_work(self.claimed.env.sessions) as session:
             row = TeacherRepository(session).get(job.teacher_alias)
             if row is None:
-                raise TeacherNotRegistered(
+                raise TeacherNotFound.in_job(
                     f"teacher alias {job.teacher_alias!r} was {REPLACED}",
                     rule="job.teacher_deleted",
                 )

@@ -5,10 +5,10 @@ model id, bounds, and the registry row's creation time, so a delete and
 re-register is detected even with identical values) into the job row and
 copies every input sequence into ``job_sequences``, after validating each
 one against the pinned identity (``jobs.sources``).  Unknown aliases are
-``TeacherNotRegistered``; aliases without a verified, usable identity are
-``IdentityRequired``.  The corpus is read outside any transaction; the insert
-transaction re-reads the alias and refuses (``JobConflict``) if it changed
-meanwhile.
+``TeacherNotFound.in_job`` (``400 teacher_not_registered``); aliases without a
+verified, usable identity are ``IdentityRequired``.  The corpus is read outside
+any transaction; the insert transaction re-reads the alias and refuses
+(``JobConflict``) if it changed meanwhile.
 
 Call these from a worker thread (they block on SQLite and files).
 Imports: standard library, SQLAlchemy, ``kiln_registry.config.settings``/``db``/
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +33,9 @@ from kiln_registry.domain.errors import (
     IdentityRequired,
     JobConflict,
     JobInvalid,
-    TeacherNotRegistered,
+    TeacherNotFound,
 )
+from kiln_registry.domain.vocabulary import JobKind, JobStatus, TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
@@ -86,11 +87,11 @@ def result_root(config: KilnConfig) -> Path:
 def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
     """The pinnable spec of a usable alias, or the refusal Kiln clients expect."""
     if row is None:
-        raise TeacherNotRegistered(
+        raise TeacherNotFound.in_job(
             f"teacher alias {alias!r} is not registered",
             hint="register the teacher first (POST /v1/teachers)",
         )
-    if row.kind == "fixture":
+    if row.kind == TeacherKind.fixture:
         # Kiln's OPD scores a fixture with a synthetic uniform source; jobs here produce
         # identity-bound corpora from a teacher endpoint, which a fixture does not have.
         raise IdentityRequired(
@@ -99,7 +100,7 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
             hint="register a remote or local teacher for scoring jobs",
         )
     usable = (
-        row.status == "verified"
+        row.status == TeacherStatus.verified
         and row.identity_json is not None
         and row.identity_digest is not None
         and row.url is not None
@@ -148,7 +149,8 @@ def _job_row(
 ) -> JobRow:
     now = utc_timestamp()
     return JobRow(
-        id=job_id, kind="teacher_scoring", status="queued", teacher_alias=pin.alias,
+        id=job_id, kind=JobKind.teacher_scoring.value, status=JobStatus.queued.value,
+        teacher_alias=pin.alias,
         teacher_kind=pin.kind, teacher_url=pin.url, teacher_credential_id=pin.credential_id,
         teacher_model_id=pin.model_id, teacher_created_at=pin.created_at,
         identity_json=pin.identity_json, identity_digest=pin.identity_digest, top_k=sub.top_k,
@@ -160,23 +162,39 @@ def _job_row(
     )  # fmt: skip
 
 
+def insert_pinned(
+    sessions: sessionmaker[Session],
+    alias: str,
+    pin: PinnedTeacher,
+    write: Callable[[Session, str], JobRow],
+) -> JobRow:
+    """Insert a new job (``write(session, job_id)``) in one transaction that re-reads the
+    alias: ``JobConflict`` if it changed since ``pin`` was read.  Returns the detached row."""
+    job_id = "job-" + secrets.token_hex(12)
+    with unit_of_work(sessions) as session:
+        if pin_teacher(TeacherRepository(session).get(alias), alias) != pin:
+            raise JobConflict(
+                f"teacher alias {alias!r} changed while the job was being submitted",
+                hint="submit the job again",
+            )
+        row = write(session, job_id)
+        session.flush()
+        session.expunge(row)
+        return row
+
+
 def submit_job(config: KilnConfig, sessions: sessionmaker[Session], sub: JobSubmission) -> JobRow:
     """Validate and queue a job; return its row (detached from the session)."""
     pin = _read_pin(sessions, sub.teacher)
     loaded = _load(config, sub, pin.identity)
-    job_id = "job-" + secrets.token_hex(12)
-    with unit_of_work(sessions) as session:
-        if pin_teacher(TeacherRepository(session).get(sub.teacher), sub.teacher) != pin:
-            raise JobConflict(
-                f"teacher alias {sub.teacher!r} changed while the job was being submitted",
-                hint="submit the job again",
-            )
+
+    def write(session: Session, job_id: str) -> JobRow:
         row = _job_row(job_id, pin, sub, loaded)
         items = [(s.seq_id, s.tokens, s.sha256) for s in loaded.sequences]
         JobRepository(session).insert(row, items)
-        session.flush()
-        session.expunge(row)
         return row
+
+    return insert_pinned(sessions, sub.teacher, pin, write)
 
 
 def _read_only(session: Session) -> None:
@@ -217,7 +235,7 @@ def cancel_job(sessions: sessionmaker[Session], job_id: str) -> JobRow:
 def result_file(sessions: sessionmaker[Session], job_id: str) -> tuple[JobRow, Path]:
     """The published corpus of a succeeded job; ``JobConflict`` otherwise."""
     row = get_job(sessions, job_id)
-    if row.status != "succeeded" or row.result_path is None:
+    if row.status != JobStatus.succeeded or row.result_path is None:
         raise JobConflict(
             f"job {job_id!r} is {row.status}; a result exists only once it has succeeded",
             hint="follow the job with `kiln jobs show --follow`",

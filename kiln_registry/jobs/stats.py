@@ -3,7 +3,8 @@
 ``registry_counts`` returns teachers and jobs by status (every status, zero
 included) and the device leases held, each with one grouped
 ``SELECT``; like the other repositories, the SQL lives here and nowhere in
-the API.  Imports SQLAlchemy, ``db.models`` and ``jobs.models``.
+the API.  Imports SQLAlchemy, ``db.models``, ``jobs.models`` and
+``kiln_registry.domain.vocabulary``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from kiln_registry.db.models import TEACHER_STATUSES, TeacherRow
-from kiln_registry.jobs.models import JOB_STATUSES, DeviceLeaseRow, JobRow
+from kiln_registry.db.models import TeacherRow
+from kiln_registry.domain.vocabulary import JobStatus, TeacherStatus
+from kiln_registry.jobs.models import DeviceLeaseRow, JobRow
 
 
 def _grouped(session: Session, column: InstrumentedAttribute[str]) -> dict[str, int]:
@@ -22,7 +24,8 @@ def _grouped(session: Session, column: InstrumentedAttribute[str]) -> dict[str, 
 
 def registry_counts(session: Session) -> tuple[dict[str, int], dict[str, int], int]:
     """``(teachers by status, jobs by status, device leases held)``."""
-    teachers = dict.fromkeys(TEACHER_STATUSES, 0) | _grouped(session, TeacherRow.status)
-    jobs = dict.fromkeys(JOB_STATUSES, 0) | _grouped(session, JobRow.status)
+    teachers = dict.fromkeys([s.value for s in TeacherStatus], 0)
+    teachers |= _grouped(session, TeacherRow.status)
+    jobs = dict.fromkeys([s.value for s in JobStatus], 0) | _grouped(session, JobRow.status)
     leases = int(session.scalar(select(func.count()).select_from(DeviceLeaseRow)) or 0)
     return teachers, jobs, leases

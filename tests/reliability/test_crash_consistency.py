@@ -42,8 +42,9 @@ from typing import Any
 import httpx
 import pytest
 
+from kiln_registry.domain.vocabulary import TERMINAL_JOB_STATUSES
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.models import JOB_STATUSES, TERMINAL_STATUSES
+from kiln_registry.jobs.models import JOB_STATUSES
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.reference_teacher.model import ReferenceTeacher
@@ -315,7 +316,7 @@ def _wait_done(url: str, job_id: str, done: int) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT_S
     while True:
         job: dict[str, Any] = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
-        if job["status"] in TERMINAL_STATUSES or job["progress"]["done"] >= done:
+        if job["status"] in TERMINAL_JOB_STATUSES or job["progress"]["done"] >= done:
             return job
         assert time.monotonic() < deadline, job
         time.sleep(0.02)

@@ -38,8 +38,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kiln_registry.domain.vocabulary import TERMINAL_JOB_STATUSES
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.models import TERMINAL_STATUSES
 from kiln_registry.launcher.vllm_command import vllm_build
 from kiln_registry.reference_teacher.model import ReferenceTeacher
 from kiln_registry.testing.tiny_models import TinyModel
@@ -204,7 +204,7 @@ def _job_responses(
     assert submitted.status_code in (200, 201, 202), submitted.text
     job_id = submitted.json()["id"]
     deadline = time.monotonic() + JOB_WAIT_S
-    while (job := http.get(f"/v1/jobs/{job_id}")).json()["status"] not in TERMINAL_STATUSES:
+    while (job := http.get(f"/v1/jobs/{job_id}")).json()["status"] not in TERMINAL_JOB_STATUSES:
         assert time.monotonic() < deadline, job.text
         time.sleep(0.05)
     assert job.json()["status"] == "succeeded", job.text
