@@ -8,7 +8,7 @@ CA bundle when ``[server] teacher_ca_file`` is set, else the system store).
 Request bodies are bounded (``api.limits``) before FastAPI reads them.
 
 Imports FastAPI, httpx and the ``api`` package; the routes reach the
-database and the probe only through ``teachers_service``.
+database and the probe only through ``teacher_views`` and the teachers layer.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from kiln_registry.api.host_guard import install_host_guard
 from kiln_registry.api.limits import RequestBodyLimit
 from kiln_registry.api.openapi import install_openapi
 from kiln_registry.api.routes import admin, jobs, keys, system, teachers
-from kiln_registry.api.teachers_service import cached_teacher_json
+from kiln_registry.api.teacher_views import cached_teacher_json
 from kiln_registry.api.ui import routes as ui_pages
 from kiln_registry.observability.access import AccessLayer
-from kiln_registry.probe.wire import teacher_tls_context
+from kiln_registry.probe.transport import teacher_tls_context
 
 API_TITLE = "kiln-registry"
 API_VERSION = "1.0.0"

@@ -18,7 +18,7 @@
   tokens a response can describe (prompt plus ``max_tokens``, at most
   ``max_model_len``) at the larger of the two logprob counts, plus 512 bytes
   per token for a stream's event framing; an error body is read up to
-  64 KiB, as ``probe.client.body_cap`` does.
+  64 KiB, as ``probe.transport.body_cap`` does.
 
 Imports: standard library, orjson (a fast path whose verdicts equal the strict parser's),
 sibling gateway modules and ``identity.strict_read`` (the strict parser).
@@ -46,7 +46,7 @@ ROUTES: dict[tuple[bytes, bytes], str] = {
     (b"GET", b"/health"): HEALTH,
 }
 MAX_TOKEN_ID = 2**31 - 1
-# The probe client's bounds (``probe.parse.response_body_limit``, ``probe.client.body_cap``),
+# The probe client's bounds (``probe.parse.response_body_limit``, ``probe.transport.body_cap``),
 # restated so the gateway imports neither httpx nor numpy; a test keeps them equal.
 MIN_BODY_LIMIT = 1 << 20
 MAX_BODY_LIMIT = 256 << 20

@@ -21,7 +21,6 @@ and ``jobs.generation_sources``/``jobs.scoring``; no database.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
@@ -29,14 +28,7 @@ from typing import Any, Final, NoReturn
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.generation_sources import GenerationSettings
-from kiln_registry.jobs.scoring import (
-    MAX_ATTEMPTS,
-    RETRYABLE_RULES,
-    RETRYABLE_STATUS,
-    SCORE_TIMEOUT_S,
-    backoff_s,
-)
-from kiln_registry.probe.client import SecretSource, status_failure
+from kiln_registry.jobs.scoring import SCORE_TIMEOUT_S, send_with_retries
 from kiln_registry.probe.parse import (
     MAX_BODY_LIMIT,
     MIN_BODY_LIMIT,
@@ -44,8 +36,8 @@ from kiln_registry.probe.parse import (
     strict_loads,
     withholding_response_text,
 )
+from kiln_registry.probe.transport import SecretSource, TeacherTransport
 from kiln_registry.probe.verify import identity_from_fingerprint
-from kiln_registry.probe.wire import TeacherWire
 
 FINISH_REASONS: Final = ("length", "stop")
 _TOKEN_PREFIX: Final = "token_id:"
@@ -217,7 +209,7 @@ def parse_generation(
 
 @dataclass(frozen=True, slots=True)
 class GenerationTarget:
-    wire: TeacherWire
+    wire: TeacherTransport
     model_id: str
     secret: SecretSource | None
     identity: TeacherIdentity
@@ -233,27 +225,18 @@ async def generate(
     on_retry: Callable[[], None] = lambda: None,
 ) -> Generated:
     """Generate for one prompt, retrying only connection failures and 503."""
-    payload = generation_request(target.model_id, prompt, target.settings)
-    limit = generation_body_limit(len(prompt), target.settings)
-    for attempt in range(MAX_ATTEMPTS):
-        last = attempt == MAX_ATTEMPTS - 1
-        on_request()
-        try:
-            answer = await target.wire.exchange(
-                payload, secret=target.secret, timeout_s=target.timeout_s, limit=limit
-            )
-        except ProbeFailed as exc:
-            if exc.rule not in RETRYABLE_RULES or last:
-                raise
-        else:
-            if answer.status == 200:
-                with withholding_response_text(answer.authenticated):
-                    return parse_generation(
-                        answer.body, model_id=target.model_id, prompt_len=len(prompt),
-                        s=target.settings, identity=target.identity,
-                    )  # fmt: skip
-            if answer.status != RETRYABLE_STATUS or last:
-                raise status_failure(answer, "generation request")
-        on_retry()
-        await asyncio.sleep(backoff_s(attempt))
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    answer = await send_with_retries(
+        target.wire,
+        generation_request(target.model_id, prompt, target.settings),
+        secret=target.secret,
+        timeout_s=target.timeout_s,
+        limit=generation_body_limit(len(prompt), target.settings),
+        what="generation request",
+        on_request=on_request,
+        on_retry=on_retry,
+    )
+    with withholding_response_text(answer.authenticated):
+        return parse_generation(
+            answer.body, model_id=target.model_id, prompt_len=len(prompt),
+            s=target.settings, identity=target.identity,
+        )  # fmt: skip

@@ -15,9 +15,11 @@ and every verification failure (a changed fingerprint above all) fail at
 once.  Every answer is parsed and verified by the probe module's rules with
 ``pinned`` = the job's identity.
 
-Requests go through ``probe.wire.TeacherWire`` (keep-alive HTTP/1.1 to the
-one teacher; the same head and body rules as the probe client, at a fraction
-of httpx's CPU per request).
+Requests go through a ``probe.transport.TeacherTransport``: the job runner
+passes ``probe.wire.TeacherWire`` (keep-alive HTTP/1.1 to the one teacher;
+the same head and body rules as the probe client, at a fraction of httpx's
+CPU per request).  ``send_with_retries`` is the retry loop that generation
+requests share.
 
 Imports: standard library, numpy, ``kiln_registry.domain.errors``,
 ``identity.document``, ``probe`` and ``jobs.cache``; no database or FastAPI.
@@ -36,10 +38,10 @@ from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.probe.candidate_scan import parse_completion_fast
-from kiln_registry.probe.client import SecretSource, completion_request, status_failure
+from kiln_registry.probe.client import completion_request, status_failure
 from kiln_registry.probe.parse import response_body_limit
+from kiln_registry.probe.transport import Exchange, SecretSource, TeacherTransport
 from kiln_registry.probe.verify import verify_completion
-from kiln_registry.probe.wire import TeacherWire
 
 SCORE_TIMEOUT_S: Final = 60.0
 MAX_ATTEMPTS: Final = 6
@@ -56,7 +58,7 @@ RETRYABLE_STATUS: Final = 503
 class ScoringTarget:
     """Where and how a job scores: the pinned identity and the resolved endpoint."""
 
-    wire: TeacherWire
+    wire: TeacherTransport
     model_id: str
     secret: SecretSource | None
     identity: TeacherIdentity
@@ -103,6 +105,38 @@ def verify_scores(target: ScoringTarget, prompt: list[int], body: bytes) -> Scor
     )
 
 
+async def send_with_retries(
+    transport: TeacherTransport,
+    payload: dict[str, object],
+    *,
+    secret: SecretSource | None,
+    timeout_s: float,
+    limit: int,
+    what: str,
+    on_request: Callable[[], None],
+    on_retry: Callable[[], None],
+) -> Exchange:
+    """A 200 answer to ``payload``, retrying connection failures and 503 with backoff."""
+    for attempt in range(MAX_ATTEMPTS):
+        last = attempt == MAX_ATTEMPTS - 1
+        on_request()
+        try:
+            answer = await transport.exchange(
+                payload, secret=secret, timeout_s=timeout_s, limit=limit
+            )
+        except ProbeFailed as exc:
+            if exc.rule not in RETRYABLE_RULES or last:
+                raise
+        else:
+            if answer.status == 200:
+                return answer
+            if answer.status != RETRYABLE_STATUS or last:
+                raise status_failure(answer, what)
+        on_retry()
+        await asyncio.sleep(backoff_s(attempt))
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 async def score_sequence(
     target: ScoringTarget,
     tokens: np.ndarray[Any, Any],
@@ -112,26 +146,14 @@ async def score_sequence(
 ) -> ScoredSequence:
     """Score one planned sequence; see the module docstring for the retry rule."""
     prompt = probe_prompt(tokens)
-    payload = completion_request(target.model_id, prompt, target.k)
-    limit = response_body_limit(len(prompt), target.k)
-    for attempt in range(MAX_ATTEMPTS):
-        last = attempt == MAX_ATTEMPTS - 1
-        on_request()
-        try:
-            answer = await target.wire.exchange(
-                payload,
-                secret=target.secret,
-                timeout_s=target.timeout_s,
-                limit=limit,
-            )
-        except ProbeFailed as exc:
-            if exc.rule not in RETRYABLE_RULES or last:
-                raise
-        else:
-            if answer.status == 200:
-                return verify_scores(target, prompt, answer.body)
-            if answer.status != RETRYABLE_STATUS or last:
-                raise status_failure(answer, "scoring request")
-        on_retry()
-        await asyncio.sleep(backoff_s(attempt))
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    answer = await send_with_retries(
+        target.wire,
+        completion_request(target.model_id, prompt, target.k),
+        secret=target.secret,
+        timeout_s=target.timeout_s,
+        limit=response_body_limit(len(prompt), target.k),
+        what="scoring request",
+        on_request=on_request,
+        on_retry=on_retry,
+    )
+    return verify_scores(target, prompt, answer.body)

@@ -46,6 +46,7 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.parity.grade import POSITION_CLASSES, Grader
 from kiln_registry.probe.client import ProbeLimiter, probe_teacher, score_prompt
+from kiln_registry.probe.transport import origin_of, request_headers, transport_failure
 from kiln_registry.probe.verify import RowsCheck
 
 REPORT_SCHEMA = "kiln.teacher-parity-report.v1"
@@ -172,9 +173,7 @@ async def _discover_model_id(
 ) -> str:
     """The one model a teacher lists at ``/v1/models`` (bounded read, no redirects)."""
     url = completions_url.removesuffix("/completions") + "/models"
-    headers = {"accept": "application/json", "accept-encoding": "identity"}
-    if secret is not None:
-        headers["authorization"] = "Bearer " + secret.read()
+    headers = request_headers(secret, json_body=False)
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
@@ -185,8 +184,8 @@ async def _discover_model_id(
                     body += chunk
                 status = resp.status_code
     except (TimeoutError, httpx.HTTPError) as exc:
-        raise ProbeFailed(
-            f"GET /v1/models failed ({type(exc).__name__})", rule="parity.models"
+        raise transport_failure(
+            exc, origin=origin_of(url), got_head=False, side=("GET /v1/models", "parity.models")
         ) from exc
     if status in (401, 403):
         raise ProbeFailed(

@@ -1,40 +1,40 @@
-"""The dual-probe client and the scoring request, over an injected httpx client.
+"""The dual probe and the scoring request, over a ``TeacherTransport``.
 
-Owns the wire exchange with a vLLM teacher: Kiln's probe request, the bounded
-streaming read (Content-Length and byte count against ``response_body_limit``,
-an overall ``asyncio.timeout`` deadline on top of httpx's timeouts, no
-redirects, identity encoding only), the translation of httpx failures into
-``ProbeFailed`` rules, error-body redaction for authenticated requests, the
-probe sequence (K=1 discovery, K=max_top_k, and a cap probe at max_top_k+1 that
-must be refused with 400), and the in-flight limiter.
+Owns Kiln's probe exchange with a vLLM teacher: the prompt-logprobs request
+body, the probe sequence (K=1 discovery, K=max_top_k, and a cap probe at
+max_top_k+1 that must be refused with 400) under an overall deadline and the
+in-flight limiter, one verified scoring request (``score_prompt``), the
+refusal of a non-success status (the body echoed only for unauthenticated
+requests, and then only vLLM's error shape), and the probe report.  The
+request, head and body rules and every failure below HTTP are
+``probe.transport``'s; requests go through ``probe.httpx_transport`` over the
+caller's injected httpx client.
 
 Secrets: a ``SecretSource`` is read immediately before each request and the
 value lives only in that request's headers; it is never stored, logged or put
-in a message.  Never creates an httpx client (the caller injects one) and does
-nothing at import time.  Imports httpx, ``probe.parse``/``verify``/``report``,
-``kiln_registry.domain.errors`` and ``kiln_registry.identity``; no database or FastAPI.
+in a message.  Never creates an httpx client and does nothing at import time.
+Imports httpx (the injected client's type), the probe modules,
+``kiln_registry.domain.errors`` and ``kiln_registry.identity``; no database or
+FastAPI.  ``ProbeLimiter``, ``PROBE_CALLER``, ``SecretSource`` and
+``untrusted_certificate`` are re-exported for the registry's callers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import json
-import ssl
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import httpx
 
-from kiln_registry.domain.errors import KilnError, ProbeBusy, ProbeFailed
+from kiln_registry.domain.errors import KilnError, ProbeFailed
 from kiln_registry.identity.bounds import MAX_CANDIDATES, allocation_bound
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.candidate_scan import parse_completion_fast
-from kiln_registry.probe.exposure import NOT_SHOWN, unreachable, vllm_error_text
+from kiln_registry.probe.exposure import NOT_SHOWN, vllm_error_text
+from kiln_registry.probe.httpx_transport import HttpxTransport
+from kiln_registry.probe.limiter import PROBE_CALLER, ProbeLimiter
 from kiln_registry.probe.parse import (
     MAX_VOCAB_SIZE,
     fail,
@@ -42,6 +42,12 @@ from kiln_registry.probe.parse import (
     withholding_response_text,
 )
 from kiln_registry.probe.report import ProbeAttempt, ProbeReport, attach_report
+from kiln_registry.probe.transport import (
+    Exchange,
+    SecretSource,
+    TeacherTransport,
+    untrusted_certificate,
+)
 from kiln_registry.probe.verify import (
     RowsCheck,
     StudentView,
@@ -49,72 +55,21 @@ from kiln_registry.probe.verify import (
     verify_completion,
 )
 
+__all__ = [
+    "PROBE_CALLER",
+    "PROBE_PROMPT",
+    "ProbeLimiter",
+    "ScoredRows",
+    "SecretSource",
+    "completion_request",
+    "probe_teacher",
+    "score_prompt",
+    "status_failure",
+    "untrusted_certificate",
+]
+
 PROBE_PROMPT: tuple[int, ...] = (0, 0)
-ERROR_BODY_READ_LIMIT = 64 * 1024
-
-
-class SecretSource(Protocol):
-    """A credential handle: ``read()`` returns the bearer value, fresh each time."""
-
-    def read(self) -> str: ...
-
-
 TOTAL_PROBE_FACTOR = 2  # a registration's probes together: at most twice one request's timeout
-
-# Who is probing: the API sets it per request (token name, else client address); None
-# for the job workers, which have their own limiter.
-PROBE_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "kiln_probe_caller", default=None
-)
-
-
-class ProbeLimiter:
-    """A non-blocking slot counter: past ``max_in_flight`` probes in all, or
-    ``max_per_caller`` for one caller (``PROBE_CALLER``), a probe gets ProbeBusy."""
-
-    def __init__(self, max_in_flight: int = 2, max_per_caller: int | None = None) -> None:
-        if max_in_flight < 1 or (max_per_caller is not None and max_per_caller < 1):
-            raise ValueError("max_in_flight and max_per_caller must be at least 1")
-        self._max = max_in_flight
-        self._per_caller = max_per_caller or max_in_flight
-        self._in_flight = 0
-        self._by_caller: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @contextmanager
-    def slot(self, caller: str | None = None) -> Iterator[None]:
-        with self._lock:
-            if self._in_flight >= self._max:
-                raise ProbeBusy(f"{self._in_flight} teacher probes are already in flight")
-            held = self._by_caller.get(caller, 0) if caller is not None else 0
-            if held >= self._per_caller:
-                raise ProbeBusy(f"this caller already has {held} teacher probes in flight")
-            self._in_flight += 1
-            if caller is not None:
-                self._by_caller[caller] = held + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                if caller is not None:
-                    left = self._by_caller[caller] - 1
-                    if left:
-                        self._by_caller[caller] = left
-                    else:
-                        del self._by_caller[caller]
-
-
-@dataclass(frozen=True, slots=True)
-class Exchange:
-    status: int
-    body: bytes
-    elapsed_ms: float
-    authenticated: bool
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -137,117 +92,6 @@ def completion_request(model_id: str, prompt: Sequence[int], k: int) -> dict[str
         "stream": False,
         "add_special_tokens": False,
     }
-
-
-def check_head(status: int, encoding: str | None, declared: str | None, limit: int) -> None:
-    """The response head's rules: no redirect, no content coding, Content-Length in bounds."""
-    if 300 <= status < 400:
-        fail("redirect", f"teacher answered HTTP {status}; redirects are refused")
-    encoding = (encoding or "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        fail("content_encoding", f"teacher used Content-Encoding {encoding[:40]!r}")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        fail("body_too_large", f"Content-Length {declared} exceeds the bound of {limit} bytes")
-
-
-def body_cap(status: int, limit: int) -> int:
-    """How much of a body is read: all of a 2xx up to ``limit``, at most 64 KiB of an error."""
-    return limit if status < 300 else min(limit, ERROR_BODY_READ_LIMIT)
-
-
-def request_headers(secret: SecretSource | None) -> dict[str, str]:
-    """Kiln's request headers; the bearer value is read from ``secret`` now, never kept."""
-    headers = {
-        "content-type": "application/json",
-        "accept": "application/json",
-        "accept-encoding": "identity",
-    }
-    if secret is not None:
-        headers["authorization"] = "Bearer " + secret.read()
-    return headers
-
-
-async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
-    """Read at most ``limit`` bytes; a 2xx body over the bound is refused."""
-    cap = body_cap(response.status_code, limit)
-    body = bytearray()
-    async for chunk in response.aiter_raw():
-        if len(body) + len(chunk) > cap:
-            if response.status_code < 300:
-                fail("body_too_large", f"response body exceeds the bound of {limit} bytes")
-            body += chunk[: cap - len(body)]
-            break
-        body += chunk
-    return bytes(body)
-
-
-def transport_failure(
-    exc: BaseException, got_head: bool, *, connecting: bool = False
-) -> ProbeFailed:
-    """The rule for a request that failed below HTTP: timeout, connect, mid-body or transport.
-
-    ``connecting``: the failure happened while opening the connection (the
-    lean scoring client says so; httpx says it with its exception types).
-    Only the exception's type name reaches the message.
-    """
-    name = type(exc).__name__
-    if not got_head:
-        # One answer for every failure before an HTTP head: no port-scan oracle (issue 15).
-        stage = "connecting" if connecting else "before the response head"
-        return unreachable(f"{name} {stage}: {str(exc)[:300]}")
-    if isinstance(exc, TimeoutError | httpx.TimeoutException):
-        return ProbeFailed(f"teacher request timed out ({name})", rule="probe.timeout")
-    return ProbeFailed(
-        f"teacher connection ended before the complete body ({name})",
-        rule="probe.incomplete_body",
-    )
-
-
-def untrusted_certificate(origin: str, cert: ssl.SSLCertVerificationError) -> ProbeFailed:
-    """A teacher certificate the configured authorities do not vouch for, and what to do."""
-    return unreachable(
-        f"the TLS certificate of {origin} is not trusted"
-        f" ({cert.verify_message or 'verification failed'}): set [server] teacher_ca_file"
-        " to the PEM bundle of the CA that signed it"
-    )
-
-
-async def exchange(
-    http: httpx.AsyncClient,
-    url: str,
-    payload: dict[str, object],
-    *,
-    secret: SecretSource | None,
-    timeout_s: float,
-    limit: int,
-) -> Exchange:
-    """POST ``payload`` and read the bounded body before one overall deadline."""
-    content = json.dumps(payload, separators=(",", ":")).encode()
-    got_head = False
-    start = time.perf_counter()
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with http.stream(
-                "POST",
-                url,
-                content=content,
-                headers=request_headers(secret),
-                timeout=httpx.Timeout(timeout_s),
-                follow_redirects=False,
-            ) as response:
-                got_head = True
-                check_head(
-                    response.status_code,
-                    response.headers.get("content-encoding"),
-                    response.headers.get("content-length"),
-                    limit,
-                )
-                body = await _read_bounded(response, limit)
-                status = response.status_code
-    except (TimeoutError, httpx.HTTPError) as exc:
-        raise transport_failure(exc, got_head) from exc
-    elapsed = (time.perf_counter() - start) * 1000.0
-    return Exchange(status, body, elapsed, secret is not None)
 
 
 def status_failure(ex: Exchange, what: str) -> ProbeFailed:
@@ -286,11 +130,19 @@ class _Recorder:
 
 @dataclass(frozen=True, slots=True)
 class _Target:
-    http: httpx.AsyncClient
-    url: str
+    transport: TeacherTransport
     model_id: str
     secret: SecretSource | None
     timeout_s: float
+
+    async def send(self, prompt: Sequence[int], k: int) -> Exchange:
+        """One prompt-logprobs request, bounded for its prompt length and K."""
+        return await self.transport.exchange(
+            completion_request(self.model_id, prompt, k),
+            secret=self.secret,
+            timeout_s=self.timeout_s,
+            limit=response_body_limit(len(prompt), k),
+        )
 
 
 async def _scored(
@@ -306,15 +158,7 @@ async def _scored(
     """One prompt-logprobs request, parsed and verified; ``identity`` None = discover."""
     attempt = ProbeAttempt(purpose=purpose, k=k, prompt_len=len(prompt))
     rec.add(attempt)
-    limit = response_body_limit(len(prompt), k)
-    ex = await exchange(
-        t.http,
-        t.url,
-        completion_request(t.model_id, prompt, k),
-        secret=t.secret,
-        timeout_s=t.timeout_s,
-        limit=limit,
-    )
+    ex = await t.send(prompt, k)
     attempt = replace(
         attempt, status_code=ex.status, elapsed_ms=ex.elapsed_ms, bytes_read=len(ex.body)
     )
@@ -358,15 +202,7 @@ async def _scored(
 
 async def _cap_probe(t: _Target, rec: _Recorder, identity: TeacherIdentity) -> None:
     k = identity.max_top_k + 1
-    limit = response_body_limit(len(PROBE_PROMPT), k)
-    ex = await exchange(
-        t.http,
-        t.url,
-        completion_request(t.model_id, PROBE_PROMPT, k),
-        secret=t.secret,
-        timeout_s=t.timeout_s,
-        limit=limit,
-    )
+    ex = await t.send(PROBE_PROMPT, k)
     rec.add(
         ProbeAttempt(
             purpose="cap",
@@ -405,7 +241,7 @@ async def probe_teacher(
     ``ProbeBusy``.
     """
     with limiter.slot(PROBE_CALLER.get()):
-        t = _Target(http, completions_url, model_id, secret, timeout_s)
+        t = _Target(HttpxTransport(http, completions_url), model_id, secret, timeout_s)
         rec = _Recorder(completions_url, model_id, secret is not None)
         identity: TeacherIdentity | None = None
         try:
@@ -456,7 +292,7 @@ async def score_prompt(
 ) -> ScoredRows:
     """One scoring request whose response must carry exactly ``identity``."""
     _check_score_request(prompt, k, identity)
-    t = _Target(http, completions_url, model_id, secret, timeout_s)
+    t = _Target(HttpxTransport(http, completions_url), model_id, secret, timeout_s)
     rec = _Recorder(completions_url, model_id, secret is not None)
     check = await _scored(t, rec, "score", k, prompt, identity, identity, None)
     return ScoredRows(check=check, attempt=rec.report.attempts[-1])

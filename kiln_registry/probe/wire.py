@@ -8,59 +8,48 @@ same exchange with h11 (the HTTP/1.1 state machine under httpx) over asyncio
 streams and keeps idle connections to the one origin: about 0.4 ms.
 
 Deliberately narrow: POST only, one origin (``http``, or ``https`` verified
-with the caller's ``ssl.SSLContext``), no proxies, no redirects followed, no
-content codings, no HTTP/2.  ``exchange`` applies exactly the rules of
-``probe.client.exchange`` (``check_head``, the body bound, the 64 KiB error
-body, one overall deadline) and maps failures onto the same rules:
-``probe.unreachable`` (no connection, a failed TLS handshake or untrusted
-certificate, no or a malformed response head: one rule and message, the
-detail logged, as at registration), ``probe.incomplete_body`` (the connection
-ended after the head), ``probe.timeout``.  A pooled connection the teacher
-has meanwhile closed is detected when it answers nothing, and the request is
-sent once more on a fresh connection.  Messages never quote the teacher's
-bytes or the request headers (the bearer value lives only in the bytes
-written to the socket).
+with the caller's ``ssl.SSLContext`` from ``teacher_tls_context``), no
+proxies, no redirects followed, no content codings, no HTTP/2.  It implements
+``probe.transport.TeacherTransport``: the same request, head and body rules
+as the probe client (``check_head``, ``body_cap``, one overall deadline in
+``timed_exchange``), and every failure below HTTP goes through
+``transport_failure``.  The overall deadline always reads as a failure before
+the head (``probe.unreachable``), as the lean client has always reported it.
+A pooled connection the teacher has meanwhile closed is detected when it
+answers nothing, and the request is sent once more on a fresh connection.
+Messages never quote the teacher's bytes or the request headers (the bearer
+value lives only in the bytes written to the socket).
 
-Imports: standard library, h11, ``kiln_registry.domain.errors`` and
-``probe.client``/``probe.parse``; no httpx, database or FastAPI.
+Imports: standard library, h11 and ``probe.transport``/``probe.parse``; no
+httpx of its own, no database or FastAPI.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
 import h11
 
-from kiln_registry.domain.errors import ProbeFailed
-from kiln_registry.probe.client import (
+from kiln_registry.probe.parse import fail
+from kiln_registry.probe.transport import (
     Exchange,
+    Progress,
     SecretSource,
     body_cap,
     check_head,
-    request_headers,
+    refuse_oversized,
+    timed_exchange,
     transport_failure,
-    untrusted_certificate,
 )
-from kiln_registry.probe.parse import fail
 
 READ_BYTES: Final = 64 * 1024
 MAX_HEAD_BYTES: Final = 64 * 1024
 MAX_INTERIM_RESPONSES: Final = 4
-
-
-def teacher_tls_context(ca_file: Path | None) -> ssl.SSLContext:
-    """TLS verification for teachers: the system store, or exactly the given CA bundle."""
-    if ca_file is None:
-        return ssl.create_default_context()
-    return ssl.create_default_context(cafile=str(ca_file))
 
 
 class _NoAnswer(Exception):
@@ -129,12 +118,22 @@ class TeacherWire:
     """Keep-alive POSTs to one teacher URL; ``async with`` closes the idle connections."""
 
     def __init__(self, url: str, *, tls: ssl.SSLContext | None, max_idle: int) -> None:
+        self._url = url
         self._origin = _origin(url)
         if self._origin.scheme == "https" and tls is None:
             raise ValueError("an https teacher needs a TLS context")
         self._tls = tls if self._origin.scheme == "https" else None
         self._max_idle = max(1, max_idle)
         self._idle: list[_Connection] = []
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def origin(self) -> str:
+        """``scheme://authority``, as messages name the teacher."""
+        return f"{self._origin.scheme}://{self._origin.authority}"
 
     async def __aenter__(self) -> TeacherWire:
         return self
@@ -156,17 +155,18 @@ class TeacherWire:
         timeout_s: float,
         limit: int,
     ) -> Exchange:
-        """POST ``payload``; the same contract as ``probe.client.exchange``."""
-        content = json.dumps(payload, separators=(",", ":")).encode()
-        head = [*request_headers(secret).items(), ("content-length", str(len(content)))]
-        start = time.perf_counter()
-        try:
-            async with asyncio.timeout(timeout_s):
-                status, body = await self._post(content, head, limit)
-        except TimeoutError as exc:
-            raise transport_failure(exc, got_head=False) from None
-        elapsed = (time.perf_counter() - start) * 1000.0
-        return Exchange(status, body, elapsed, secret is not None)
+        """POST ``payload`` (``TeacherTransport.exchange``)."""
+
+        async def send(
+            content: bytes, headers: dict[str, str], progress: Progress
+        ) -> tuple[int, bytes]:
+            # ``progress`` stays unset: the deadline reads as probe.unreachable (docstring).
+            head = [*headers.items(), ("content-length", str(len(content)))]
+            return await self._post(content, head, limit)
+
+        return await timed_exchange(
+            send, payload, origin=self.origin, secret=secret, timeout_s=timeout_s
+        )
 
     async def _post(
         self, content: bytes, head: Sequence[tuple[str, str]], limit: int
@@ -190,10 +190,10 @@ class TeacherWire:
                 server_hostname=origin.host if self._tls is not None else None,
                 limit=READ_BYTES,
             )
-        except ssl.SSLCertVerificationError as exc:
-            raise untrusted_certificate(f"{origin.scheme}://{origin.authority}", exc) from None
-        except (OSError, ssl.SSLError) as exc:
-            raise transport_failure(exc, got_head=False, connecting=True) from None
+        except (OSError, ssl.SSLError) as exc:  # an untrusted certificate among them
+            raise transport_failure(
+                exc, origin=self.origin, got_head=False, connecting=True
+            ) from None
         return _Connection(reader, writer)
 
     def _request_bytes(
@@ -206,10 +206,8 @@ class TeacherWire:
             return (
                 request + conn.h11.send(h11.Data(data=content)) + conn.h11.send(h11.EndOfMessage())
             )
-        except h11.LocalProtocolError:
-            raise ProbeFailed(
-                "the scoring request could not be framed as HTTP/1.1", rule="probe.transport"
-            ) from None
+        except h11.LocalProtocolError as exc:
+            raise transport_failure(exc, origin=self.origin, got_head=False) from None
 
     async def _round_trip(
         self,
@@ -243,7 +241,7 @@ class TeacherWire:
             keep = complete and conn.reusable()
             return status, body
         except (OSError, ssl.SSLError, h11.RemoteProtocolError) as exc:
-            raise transport_failure(exc, got_head) from None
+            raise transport_failure(exc, origin=self.origin, got_head=got_head) from None
         finally:
             if keep and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
@@ -270,8 +268,7 @@ class TeacherWire:
             if not isinstance(event, h11.Data):
                 raise ConnectionResetError("unexpected event in the body")
             if len(body) + len(event.data) > cap:
-                if status < 300:
-                    fail("body_too_large", f"response body exceeds the bound of {limit} bytes")
+                refuse_oversized(status, limit)
                 body += event.data[: cap - len(body)]
                 return bytes(body), False
             body += event.data

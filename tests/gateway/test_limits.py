@@ -9,8 +9,8 @@ import time
 import pytest
 
 from kiln_registry.gateway import admission
-from kiln_registry.probe import client as probe_client
 from kiln_registry.probe import parse as probe_parse
+from kiln_registry.probe import transport as probe_transport
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.support import (
     BASE_ALIAS,
@@ -171,4 +171,4 @@ def test_the_bounds_equal_the_probe_clients(prompt_len: int, k: int) -> None:
         prompt_len, k
     )
     for status in (200, 400, 500):
-        assert admission.response_cap(status, 5 << 20) == probe_client.body_cap(status, 5 << 20)
+        assert admission.response_cap(status, 5 << 20) == probe_transport.body_cap(status, 5 << 20)

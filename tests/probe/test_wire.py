@@ -3,7 +3,7 @@
 The server below speaks raw HTTP/1.1 with keep-alive: every request on every
 connection goes to the test's ``answer(conn, req, request)``, which returns
 the exact bytes to send and what to do with the connection afterwards.  The
-rules checked are the probe client's (``probe.client.exchange``), which the
+rules checked are the probe client's (``probe.transport``), which the
 job queue's scoring requests must share.
 """
 
@@ -20,8 +20,9 @@ import pytest
 import trustme
 
 from kiln_registry.domain.errors import ProbeFailed
-from kiln_registry.probe.client import ERROR_BODY_READ_LIMIT, status_failure
-from kiln_registry.probe.wire import TeacherWire, teacher_tls_context
+from kiln_registry.probe.client import status_failure
+from kiln_registry.probe.transport import ERROR_BODY_READ_LIMIT, teacher_tls_context
+from kiln_registry.probe.wire import TeacherWire
 from tests.probe.teacher_server import Reply, TeacherServer
 
 SECRET = "wire-secret-7Qv9x2LmPz4K"
