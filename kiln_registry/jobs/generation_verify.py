@@ -16,7 +16,7 @@ equal to the ``teacher_tokens`` ids.  Ids are unique.  Refusals are
 ``InputError`` with ``rule="corpus.<name>"`` naming the line.
 
 Imports: standard library, ``kiln_registry.domain.errors``/``identity`` and
-``jobs.corpus_verify``/``jobs.generation_output``/``jobs.signing``.
+``jobs.corpus_signed``/``jobs.generation_output``/``jobs.signing``.
 """
 
 from __future__ import annotations
@@ -26,20 +26,17 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
-from kiln_registry.domain.errors import InputError, KilnError
+from kiln_registry.domain.errors import KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
-from kiln_registry.jobs import corpus_verify as cv
+from kiln_registry.jobs import corpus_signed as cv
+from kiln_registry.jobs.corpus_signed import corpus_error as _error
 from kiln_registry.jobs.generation_output import EXAMPLE_KEYS, META_FORMAT, signature_path
 from kiln_registry.jobs.signing import PublicKey
 
 _REQUIRED: Final = ("id", "messages", "teacher_response")
 _U32: Final = 2**32
-
-
-def _error(where: str, rule: str, message: str) -> InputError:
-    return InputError(f"{where}: {message}", rule=f"corpus.{rule}")
 
 
 def _number(value: object, where: str) -> float:
@@ -157,7 +154,7 @@ def _signature(path: Path, keys: dict[str, PublicKey], size: int) -> cv.Trailer:
         return _error(str(sig), "open", f"cannot open ({reason})")
 
     raw, _ = read_regular_file(sig, limit=cv.MAX_TRAILER_BYTES, refuse=refuse)
-    sha, key_id, signature = cv._trailer_fields(raw)
+    sha, key_id, signature = cv.trailer_fields(raw)
     trailer = cv.Trailer(sha, key_id, bytes.fromhex(signature), size)
     cv.check_trailer(trailer, keys)
     return trailer
@@ -173,7 +170,7 @@ def verify_generation_corpus(
         raise _error(str(path), "open", f"cannot open ({exc.strerror})") from None
     with handle:
         trailer = _signature(path, keys, os.fstat(handle.fileno()).st_size)
-        body = cv._SignedBody(handle, trailer.offset, on_progress)
+        body = cv.SignedBody(handle, trailer.offset, on_progress)
         header = body.line(cv.MAX_HEADER_BYTES)
         if not header or len(header) > cv.MAX_HEADER_BYTES:
             raise _error("line 1", "manifest", "missing or oversized manifest line")
@@ -185,7 +182,7 @@ def verify_generation_corpus(
                 break
             if len(raw) > cv.MAX_ROW_BYTES or number > cv.MAX_LINES:
                 raise _error(f"line {number}", "size", "the line or the corpus is too large")
-            checker.check(cv._loads(raw, f"line {number}"), f"line {number}")
+            checker.check(cv.loads_line(raw, f"line {number}"), f"line {number}")
     if body.sha256.hexdigest() != trailer.sha256:
         raise _error("content", "sha256", "the corpus does not hash to the signed SHA-256: it"
                      " was changed after it was signed")  # fmt: skip
