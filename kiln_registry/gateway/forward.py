@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kiln_registry.gateway.admission import response_cap
 from kiln_registry.gateway.http1 import RequestHead, response_head
@@ -37,8 +37,22 @@ from kiln_registry.gateway.upstream import (
     UpstreamPool,
 )
 
-if TYPE_CHECKING:
-    from kiln_registry.gateway.server import ClientConnection
+
+class _Counts(Protocol):
+    in_flight: int
+
+
+class ClientSide(Protocol):
+    """What a relay needs of the client connection (``gateway.server.ClientConnection``)."""
+
+    @property
+    def gateway(self) -> _Counts: ...
+    def must_close(self) -> bool: ...
+    def write(self, data: list[bytes | memoryview]) -> None: ...
+    def finished(self, tail: list[bytes | memoryview], *, keep: bool) -> None: ...
+    def refuse(self, refusal: Refusal) -> None: ...
+    def cut(self) -> None: ...
+
 
 FLUSH_BYTES = 64 * 1024
 _FORWARDED = (b"content-type", b"accept")
@@ -63,7 +77,7 @@ class Forward:
 
     def __init__(
         self,
-        client: ClientConnection,
+        client: ClientSide,
         pool: UpstreamPool,
         request: list[bytes],
         limit: int | None,
