@@ -4,12 +4,16 @@
 writer session factory whose transactions BEGIN IMMEDIATE, a reader one
 whose transactions BEGIN DEFERRED so a GET never waits for the write lock,
 and the coherent cache of rendered entries),
-the loaded student's vocabulary view, the probe limiter and the metrics.
+the loaded student's vocabulary view, the probe limiter, the metrics and,
+under ``kiln serve``, the local-teacher manager (typed by
+``teachers.context.LocalTeacherManager``; ``close()`` drains it).
 The outbound HTTP client is created in the app's lifespan (never at import
-time) and attached here.  Nothing in this module touches the network.
+time) and attached here.  Nothing in this module touches the network.  It
+satisfies ``teachers.context.TeacherServices``, what the teachers layer needs.
 
 Imports: SQLAlchemy, httpx (the type only), ``kiln_registry.config.settings``,
-``kiln_registry.db``, ``kiln_registry.probe`` and ``observability.metrics``; never FastAPI.
+``kiln_registry.db``, ``kiln_registry.probe``, ``observability.metrics`` and
+``teachers.context`` (protocols); never FastAPI.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from kiln_registry.db.repository import unit_of_work
 from kiln_registry.observability.metrics import RegistryMetrics
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
+from kiln_registry.teachers.context import LocalTeacherManager
 
 REGISTRATION_PROBES = 4
 REGISTRATION_PROBES_PER_CALLER = 2
@@ -58,6 +63,8 @@ class RegistryContext:
     metrics: RegistryMetrics = field(default_factory=RegistryMetrics)
     http: httpx.AsyncClient | None = None
     entries: EntryCache | None = None
+    # Set by ``serve.startup.build_context``: the process groups of local aliases.
+    local_teachers: LocalTeacherManager | None = None
 
     def __post_init__(self) -> None:
         if self.readers is None:
@@ -70,9 +77,13 @@ class RegistryContext:
         return self.entries
 
     def close(self) -> None:
-        """Release the database handles (the server calls this on exit)."""
-        self.entry_cache().close()
-        self.engine.dispose()
+        """Drain every local teacher, then release the database handles (on exit)."""
+        try:
+            if self.local_teachers is not None:
+                self.local_teachers.shutdown()
+        finally:
+            self.entry_cache().close()
+            self.engine.dispose()
 
     @contextmanager
     def writing(self) -> Iterator[Session]:

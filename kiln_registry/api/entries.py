@@ -13,13 +13,12 @@ tokenizer_vocab_sha256), the capabilities (only for a usable identity; a
 fixture registered without bounds has none, as in Kiln) and the revision
 ``"sha256:" + identity digest``.
 
-Pure: imports pydantic schemas, ``kiln_registry.identity`` and the row type;
+Pure: imports pydantic schemas, ``kiln_registry.identity``, the row type and
+``teachers.rows.stored_identity`` (the one stored-identity reader);
 never opens a session, a socket or FastAPI.
 """
 
 from __future__ import annotations
-
-import json
 
 from kiln_registry.api.schemas import (
     LogitSourceCaps,
@@ -32,8 +31,10 @@ from kiln_registry.api.schemas import (
 )
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.domain.errors import RELEASE_NOTE
+from kiln_registry.domain.vocabulary import TeacherStatus as StoredStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
+from kiln_registry.teachers.rows import stored_identity
 
 LEGACY_MESSAGE = (
     "this alias was migrated from an older registry without a verified identity; delete it"
@@ -42,16 +43,10 @@ LEGACY_MESSAGE = (
 )
 
 
-def stored_identity(row: TeacherRow) -> TeacherIdentity | None:
-    if row.identity_json is None:
-        return None
-    return TeacherIdentity.from_mapping(json.loads(row.identity_json))
-
-
 def public_status(
     row: TeacherRow, identity: TeacherIdentity | None, problem: str | None = None
 ) -> TeacherStatus:
-    if row.status == "launching":
+    if row.status == StoredStatus.launching:
         return TeacherStatus.unavailable
     status = TeacherStatus(row.status)
     if status is TeacherStatus.verified and identity is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import validate_max_candidates
 from kiln_registry.identity.canonical import canonical_json
+from kiln_registry.identity.strict_read import DuplicateKeyError, loads_strict
 
 SCHEMA = "kiln.teacher-identity.v1"
 PROTOCOL = "vllm.prompt-logprobs.numeric-token-ids.causal.v1"
@@ -305,6 +306,32 @@ class TeacherIdentity:
         if launcher_strict:
             _validate_launcher_strict(identity)
         return identity
+
+    @classmethod
+    def from_canonical_json(cls, text: str | bytes) -> TeacherIdentity:
+        """Read a stored identity (a row's ``identity_json``) back: the one reader.
+
+        Strict JSON (``strict_read.loads_strict``: no duplicate keys, no NaN),
+        at most ``MAX_IDENTITY_BYTES``, then every rule of ``from_mapping``.
+        """
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        if len(data) > MAX_IDENTITY_BYTES:
+            raise IdentityError(
+                f"stored identity is {len(data)} bytes, over {MAX_IDENTITY_BYTES}",
+                rule="identity.size",
+            )
+        try:
+            obj = loads_strict(data)
+        except (DuplicateKeyError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+            raise IdentityError(
+                f"stored identity is not strict JSON: {show(str(exc))}", rule="identity.json"
+            ) from None
+        return cls.from_mapping(obj)
+
+
+def same_identity(a: TeacherIdentity, b: TeacherIdentity) -> bool:
+    """The one sameness check: equal canonical bytes ``J`` (hence equal fingerprints)."""
+    return a is b or a.canonical_bytes() == b.canonical_bytes()
 
 
 def _check_sizes(

@@ -1,4 +1,4 @@
-"""The registry's local-teacher manager: one supervised vLLM process group per local alias.
+"""The process groups of local teachers: one supervised vLLM process group per local alias.
 
 Owns ``LocalTeachers``: which alias runs (or is launching) under which
 profile, the launch itself (prepare -> optional identity pin -> spawn ->
@@ -27,9 +27,12 @@ Decisions:
   manager with a small real server instead of vLLM; the default is the
   launcher library.
 
-Thread-safe; blocking (callers run it in worker threads).  Imports the
-standard library, ``kiln_registry.config.settings``, ``kiln_registry.domain.errors`` and the
-launcher library; never FastAPI, the database or torch.
+Thread-safe; blocking (callers run it in worker threads).  The registry side
+(rows, probes, receipts) is ``teachers.local_registration`` and
+``teachers.local_relaunch``.  Imports the standard library,
+``kiln_registry.config.settings``, ``kiln_registry.domain.errors``, the identity
+document and the launcher library; never FastAPI, the database, the teachers or
+API layers, or torch.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kiln_registry.config.settings import LocalTeacherConfig
+from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
 from kiln_registry.domain.errors import (
     RELEASE_NOTE,
     IdentityMismatch,
@@ -49,6 +52,7 @@ from kiln_registry.domain.errors import (
     LocalTeacherBusy,
     RegistrationInvalid,
 )
+from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.launcher.policy import LauncherRequest, parse_launcher_argv
 
 LOOPBACK_HOST = "127.0.0.1"
@@ -61,15 +65,23 @@ PROGRESS_INTERVAL_S = 1.0
 StatusSink = Callable[[str], None]
 
 
-def _identity_change(expected: str, found: str) -> str:
-    """Which identity fields differ between two fingerprints the launcher produced."""
-    from kiln_registry.identity.diff import mismatch_detail
+def _prepared_identity(fingerprint: str) -> TeacherIdentity | None:
+    """The identity of a fingerprint the launcher produced, or None if it does not decode."""
     from kiln_registry.identity.fingerprint import verify_fingerprint
 
     try:
-        return mismatch_detail(verify_fingerprint(expected), verify_fingerprint(found))
+        return verify_fingerprint(fingerprint)
     except KilnError:
+        return None
+
+
+def _identity_change(expected: TeacherIdentity, found: TeacherIdentity | None) -> str:
+    """Which identity fields differ between the stored and the launcher's identity."""
+    from kiln_registry.identity.diff import mismatch_detail
+
+    if found is None:
         return "the stored fingerprint could not be compared field by field"
+    return mismatch_detail(expected, found)
 
 
 class RunningTeacher(Protocol):
@@ -256,12 +268,12 @@ class LocalTeachers:
             self._slots[alias] = _Slot(alias=alias, profile=profile_name)
 
     def launch(
-        self, alias: str, *, expected_fingerprint: str | None, status: StatusSink
+        self, alias: str, *, expected: TeacherIdentity | None, status: StatusSink
     ) -> RunningTeacher:
         """Stage, spawn and wait for readiness of a reserved alias (blocking).
 
-        With ``expected_fingerprint`` (a relaunch) the prepared identity must
-        equal it, or ``IdentityMismatch`` is raised before anything is spawned.
+        With ``expected`` (a relaunch) the prepared identity must be the same
+        (``same_identity``), or ``IdentityMismatch`` is raised before anything is spawned.
         On any failure the group is drained and the slot released.
         """
         slot = self._slot(alias)
@@ -269,7 +281,7 @@ class LocalTeachers:
         started = time.monotonic()
         try:
             prepared = self._prepare_slot(slot, started, status)
-            handle = self._spawn(slot, prepared, expected_fingerprint)
+            handle = self._spawn(slot, prepared, expected)
             ready_s = self.profile(slot.profile).ready_deadline_s
             status(f"launching: vLLM started; waiting up to {ready_s:g} s for {handle.url}/health")
             handle.wait_ready(self._ready_deadline(started, ready_s))
@@ -312,14 +324,15 @@ class LocalTeachers:
         return progress
 
     def _spawn(
-        self, slot: _Slot, prepared: PreparedTeacher, expected: str | None
+        self, slot: _Slot, prepared: PreparedTeacher, expected: TeacherIdentity | None
     ) -> RunningTeacher:
         try:
-            if expected is not None and prepared.fingerprint != expected:
+            found = None if expected is None else _prepared_identity(prepared.fingerprint)
+            if expected is not None and (found is None or not same_identity(expected, found)):
                 raise IdentityMismatch(
                     f"relaunching {slot.alias!r} from profile {slot.profile!r} produced a "
                     "different teacher identity than the stored one; "
-                    + _identity_change(expected, prepared.fingerprint),
+                    + _identity_change(expected, found),
                     rule="local.relaunch_identity",
                     hint="restore the model, runtime and profile it was registered with, or "
                     f"delete the alias and register it again {RELEASE_NOTE}",
@@ -412,3 +425,16 @@ class LocalTeachers:
             raise LauncherError(
                 f"stopping local teachers failed: {errors[0]}", rule="local.shutdown"
             )
+
+
+def manager_from_config(
+    config: KilnConfig, environ: Mapping[str, str], prepare: Prepare | None = None
+) -> LocalTeachers:
+    """The registry's manager of ``[teachers.local.<profile>]`` process groups."""
+    return LocalTeachers(
+        config.teachers.local,
+        environ=environ,
+        secret_names=config.secret_env_names(),
+        launch_deadline_s=config.server.local_launch_deadline_s,
+        prepare=prepare or library_prepare,
+    )

@@ -33,7 +33,7 @@ from pathlib import Path
 from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
 from kiln_registry.domain.errors import LauncherError, RegistrationInvalid
 from kiln_registry.launcher.roots import check_distinct_roots
-from kiln_registry.local.manager import GENERATED_PREFIX
+from kiln_registry.local.process_groups import GENERATED_PREFIX
 from kiln_registry.model.files import read_json_object
 
 KILN_LOCAL_MAX_TOP_K = 256  # teacher_identity.rs MAX_COMPLETION_PROMPT_LOGPROBS

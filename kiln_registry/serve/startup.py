@@ -8,7 +8,7 @@ unless ``--insecure-no-auth``, and TLS files are loaded once so a bad one
 stops the start); logging is configured with secret and token redaction; the
 student is loaded with the ``tokenizers`` library (no torch); the database is
 upgraded to head in one transaction (a newer revision is refused); local aliases are marked
-unavailable (``local.service.reconcile_at_startup``); only then does the
+unavailable (``teachers.local_relaunch.reconcile_at_startup``); only then does the
 server bind its port.  On exit (uvicorn handles SIGINT/SIGTERM) the context
 closes, which drains every local teacher's process group and removes its
 snapshot and cache.
@@ -41,11 +41,11 @@ from kiln_registry.config.settings import KilnConfig, check_startup_environment,
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.domain.errors import ConfigError
 from kiln_registry.legacy.registry import import_configured_legacy_registry
-from kiln_registry.local.manager import Prepare
-from kiln_registry.local.service import LocalRegistryContext, new_manager, reconcile_at_startup
+from kiln_registry.local.process_groups import Prepare, manager_from_config
 from kiln_registry.model.tokenizer import student_shape
 from kiln_registry.observability.logs import LOG_LEVELS, configure_logging
 from kiln_registry.probe.verify import StudentView
+from kiln_registry.teachers.local_relaunch import reconcile_at_startup
 
 log = logging.getLogger("kiln_registry.serve.startup")
 
@@ -72,7 +72,7 @@ def build_context(config: KilnConfig, *, local_prepare: Prepare | None = None) -
     except BaseException:
         engine.dispose()
         raise
-    ctx = LocalRegistryContext(
+    ctx = RegistryContext(
         config=config,
         engine=engine,
         sessions=session_factory(engine),
@@ -80,7 +80,7 @@ def build_context(config: KilnConfig, *, local_prepare: Prepare | None = None) -
             tokenizer_vocab_sha256=vocab_sha256, model_width=width, tokenizer_size=tokenizer_size
         ),
         database_revision=revision,
-        local_teachers=new_manager(config, os.environ, local_prepare),
+        local_teachers=manager_from_config(config, os.environ, local_prepare),
     )
     try:
         for alias in reconcile_at_startup(ctx):

@@ -1,6 +1,6 @@
 """Fifty concurrent registrations of one alias: exactly one succeeds.
 
-The decision (documented in ``teachers_service``): nothing is reserved before
+The decision (documented in ``teachers.registration``): nothing is reserved before
 the probes pass, so the ``teachers`` primary key decides which of the
 registrations that passed their probes wins; the others get
 ``teacher_alias_exists`` (409).  Registrations beyond the probe limiter's two

@@ -18,10 +18,10 @@ import pytest
 from fastapi import FastAPI, Request, Response
 
 from kiln_registry.api.context import RegistryContext
-from kiln_registry.api.teachers_service import public_report
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.report import ProbeReport
 from kiln_registry.reference_teacher.model import ReferenceTeacher
+from kiln_registry.teachers.probing import scrubbed_report
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.conftest import KEY_ENV, SECRET, SERVED, TlsFiles, TlsTeacher
 from tests.api.support import (
@@ -214,7 +214,7 @@ def test_stored_reports_are_scrubbed(
             authenticated=True,
             failure_message=f"object was {SECRET!r}",
         )
-        scrubbed = json.dumps(public_report(ctx, report))
+        scrubbed = json.dumps(scrubbed_report(report, ctx.config.secret_env_names()))
     assert SECRET not in scrubbed and "[redacted]" in scrubbed
 
 

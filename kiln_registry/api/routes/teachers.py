@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from kiln_registry.api import teachers_service as service
+from kiln_registry.api import teacher_views as service
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
 from kiln_registry.api.routes import get_ctx

@@ -1,0 +1,164 @@
+"""The API edge of teachers: entries, pages, receipts, and rendering the teachers layer.
+
+Owns what ``/v1/teachers`` answers: a ``TeacherEntry`` with every live check
+applied at read time (``api.live_status``), the coherent cache of rendered
+entries (``api.entry_cache``; ``api.fast_lookup`` serves it without the
+router), alias pages and receipt pages.  The write side (register, re-probe,
+relaunch, delete) is ``teachers.registration``; this module turns its rows
+and ``ProbeOutcome``s into wire schemas.
+
+Imports the API context, schemas, entries and live status, the teachers
+layer and the database repository; never FastAPI.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.concurrency import run_in_threadpool
+
+from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.entries import entry_from_row
+from kiln_registry.api.live_status import NO_CHECKS, ReadChecks, assess
+from kiln_registry.api.paging import (
+    DEFAULT_PAGE,
+    decode_cursor,
+    decode_key,
+    encode_cursor,
+    encode_key,
+)
+from kiln_registry.api.schemas import (
+    DeleteTeacherResponse,
+    ProbeOutcome,
+    ProbeReceipt,
+    ProbeReportPublic,
+    ReceiptsResponse,
+    RegisterTeacherRequest,
+    TeacherEntry,
+    TeachersListResponse,
+    TeacherStatus,
+)
+from kiln_registry.db.models import TeacherRow
+from kiln_registry.db.repository import TeacherRepository
+from kiln_registry.teachers import registration
+from kiln_registry.teachers.rows import load_row, stored_identity
+
+
+def _live(ctx: RegistryContext, row: TeacherRow) -> tuple[str | None, ReadChecks]:
+    """The live problem fixed for this process, and the per-read checks (``live_status``)."""
+    identity = stored_identity(row)
+    if row.status != TeacherStatus.verified.value or identity is None:
+        return None, NO_CHECKS
+    return assess(ctx.config, ctx.student, row, identity)
+
+
+def entry_of(ctx: RegistryContext, row: TeacherRow) -> TeacherEntry:
+    """The entry of ``row`` with every live check applied now (nothing is written)."""
+    fixed, checks = _live(ctx, row)
+    return entry_from_row(row, fixed or checks.problem(ctx.config))
+
+
+async def register_teacher(ctx: RegistryContext, req: RegisterTeacherRequest) -> TeacherEntry:
+    """Probe, persist and publish (``teachers.registration``); the new entry."""
+    return entry_of(ctx, await registration.register_teacher(ctx, req))
+
+
+async def reprobe_teacher(ctx: RegistryContext, alias: str) -> ProbeReportPublic:
+    """Re-run the probes pinned to the stored identity; the scrubbed report."""
+    outcome = await registration.reprobe_teacher(ctx, alias)
+    return ProbeReportPublic.model_validate(outcome.receipt.body)
+
+
+async def launch_teacher(ctx: RegistryContext, alias: str) -> TeacherEntry:
+    """Relaunch a local alias; it must reproduce its stored identity."""
+    return entry_of(ctx, await registration.launch_teacher(ctx, alias))
+
+
+def delete_teacher(ctx: RegistryContext, alias: str) -> DeleteTeacherResponse:
+    """Stop the alias's local teacher, if one runs here, then remove the alias."""
+    registration.delete_teacher(ctx, alias)
+    return DeleteTeacherResponse(alias=alias)
+
+
+def list_teachers(
+    ctx: RegistryContext, limit: int = DEFAULT_PAGE, cursor: str | None = None
+) -> TeachersListResponse:
+    """One page of aliases in alias order; ``next_cursor`` names the next page, if any."""
+    after = decode_cursor(cursor) if cursor is not None else None
+    with ctx.reading() as session:
+        rows = TeacherRepository(session).list_all(limit + 1, after=after)
+        page = [entry_of(ctx, r) for r in rows[:limit]]
+    more = encode_cursor(rows[limit - 1].alias) if len(rows) > limit else None
+    return TeachersListResponse(teachers=page, next_cursor=more)
+
+
+def get_teacher(ctx: RegistryContext, alias: str) -> TeacherEntry:
+    return entry_of(ctx, load_row(ctx, alias))
+
+
+def _render_teacher(ctx: RegistryContext, alias: str) -> bytes:
+    cache = ctx.entry_cache()
+    seen = cache.version()  # read BEFORE the row: a later commit invalidates the copy
+    row = load_row(ctx, alias)
+    fixed, checks = _live(ctx, row)
+    problem = fixed or checks.problem(ctx.config)
+    body = entry_from_row(row, problem).model_dump_json(by_alias=True).encode("utf-8")
+    if fixed is not None:
+        cache.put(alias, body, seen, NO_CHECKS)  # cannot change while this process runs
+    elif problem is None:
+        cache.put(alias, body, seen, checks)  # served while its per-read checks pass
+    return body
+
+
+async def teacher_json(ctx: RegistryContext, alias: str) -> bytes:
+    """The ``TeacherEntry`` JSON of ``alias``: from the coherent cache, else the database.
+
+    A cached body is served only while its per-read checks (``live_status.ReadChecks``:
+    a credential variable, an adapter directory) still pass; otherwise it is rendered
+    again, showing ``unavailable`` and what changed.
+    """
+    body = cached_teacher_json(ctx, alias)
+    if body is not None:
+        return body
+    return await run_in_threadpool(_render_teacher, ctx, alias)
+
+
+def cached_teacher_json(ctx: RegistryContext, alias: str) -> bytes | None:
+    """The cached ``TeacherEntry`` JSON of ``alias`` while its per-read checks pass, or None.
+
+    Never touches the database beyond the cache's version read; ``api.fast_lookup``
+    serves it without the router.
+    """
+    hit = ctx.entry_cache().get_checked(alias)
+    if hit is not None:
+        body, checks = hit
+        if isinstance(checks, ReadChecks) and checks.problem(ctx.config) is None:
+            return body
+    return None
+
+
+def list_receipts(
+    ctx: RegistryContext, alias: str, limit: int = 100, cursor: str | None = None
+) -> ReceiptsResponse:
+    """The alias's newest receipts (kept after the alias is deleted, for audit), in pages."""
+    before = None
+    if cursor is not None:
+        created, last = decode_key(cursor, "receipts:" + alias, (str, int))
+        before = (str(created), int(last))
+    with ctx.reading() as session:
+        rows = TeacherRepository(session).list_receipts(alias, limit=limit + 1, before=before)
+        more = None
+        if len(rows) > limit:
+            more = encode_key("receipts:" + alias, rows[limit - 1].created_at, rows[limit - 1].id)
+        receipts = [
+            ProbeReceipt(
+                id=r.id,
+                alias=r.alias,
+                created_at=r.created_at,
+                outcome=ProbeOutcome.passed if r.outcome == "passed" else ProbeOutcome.failed,
+                identity_revision=f"sha256:{r.identity_digest}" if r.identity_digest else None,
+                report=ProbeReportPublic.model_validate(json.loads(r.report_json)),
+            )
+            for r in rows[:limit]
+        ]
+    return ReceiptsResponse(receipts=receipts, next_cursor=more)

@@ -1,0 +1,141 @@
+"""The registry side of ``kind: local`` after registration: relaunch, delete, start-up.
+
+* Relaunch (``POST /v1/teachers/{alias}/launch``) pins the stored identity:
+  the launcher's identity must be the same before vLLM is spawned, and the
+  probes are pinned to it; a mismatch leaves the alias ``unavailable`` with
+  the ``teacher_identity_mismatch`` code in its status message.
+* Delete stops the alias's process group (snapshot and cache removed) before
+  the row goes.
+* Start-up: every local alias is ``unavailable`` (the registry owns the
+  process groups, so none survived its last exit); a placeholder of an
+  interrupted registration is deleted; rows without an identity (legacy
+  imports) are left alone.
+
+Imports the teachers layer (context, probing, rows, local_registration), the
+configuration, database, identity and ``kiln_registry.local``; never the API
+layer or FastAPI.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.concurrency import run_in_threadpool
+
+from kiln_registry.config.settings import LocalTeacherConfig
+from kiln_registry.credentials.origin import parse_teacher_url
+from kiln_registry.db.models import TeacherRow
+from kiln_registry.db.repository import TeacherRepository
+from kiln_registry.domain.errors import KilnError, RegistrationInvalid
+from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.local import student
+from kiln_registry.teachers.context import LocalTeacherManager, TeacherServices
+from kiln_registry.teachers.local_registration import (
+    local_manager,
+    probe_launched,
+    status_sink,
+    teacher_url,
+)
+from kiln_registry.teachers.probing import Receipt
+from kiln_registry.teachers.rows import load_row, require_identity, set_status
+
+log = logging.getLogger("kiln_registry.local")
+
+GONE_MESSAGE = (
+    "the local teacher is not running (the registry restarted); "
+    "POST /v1/teachers/{alias}/launch relaunches it with the same identity"
+)  # a template: format(alias=...)
+
+
+def _relaunch_target(
+    ctx: TeacherServices, alias: str
+) -> tuple[TeacherRow, TeacherIdentity, str, LocalTeacherConfig | None]:
+    row = load_row(ctx, alias)
+    if row.kind != TeacherKind.local:
+        raise RegistrationInvalid(
+            f"teacher alias {alias!r} is kind {row.kind!r}; only local teachers are launched",
+            rule="teacher.launch_not_local",
+        )
+    identity = require_identity(row)
+    if row.launch_profile is not None:
+        return row, identity, row.launch_profile, None
+    # Kiln's shape: the student again (plus its adapter), on the port it was registered on.
+    port = parse_teacher_url(row.url or "").port or 0
+    profile = student.student_profile(
+        ctx.config, row.adapter, port=port, width=ctx.student.model_width
+    )
+    return row, identity, student.profile_name(alias), profile
+
+
+def _failure_message(exc: KilnError) -> str:
+    return f"relaunch failed ({exc.code}): {exc.message}"
+
+
+def _mark_verified(ctx: TeacherServices, alias: str, receipt: Receipt, digest: str) -> None:
+    with ctx.writing() as session:
+        TeacherRepository(session).update_status(alias, TeacherStatus.verified, None)
+        receipt.store(session, alias, digest)
+
+
+async def relaunch_local(ctx: TeacherServices, alias: str) -> TeacherRow:
+    """Launch an unavailable local alias again; it must reproduce its stored identity."""
+    manager = local_manager(ctx, profiles=False)
+    row, identity, name, generated = await run_in_threadpool(_relaunch_target, ctx, alias)
+    if manager.is_running(alias):
+        return row
+    manager.check_runtime()
+    if generated is None:
+        local_manager(ctx).reserve(alias, name)
+    else:
+        manager.reserve_generated(alias, name, generated)
+    sink = status_sink(ctx, alias)
+    try:
+        await run_in_threadpool(sink, "launching: relaunch queued")
+        url = teacher_url(manager.profile(name))
+        handle = await run_in_threadpool(manager.launch, alias, expected=identity, status=sink)
+        served = identity.served_model_id
+        outcome = await probe_launched(ctx, alias, handle, url, served, identity)
+        await run_in_threadpool(_mark_verified, ctx, alias, outcome.receipt, identity.digest())
+    except KilnError as exc:
+        await run_in_threadpool(_undo_relaunch, ctx, manager, alias, _failure_message(exc))
+        raise
+    except Exception:
+        await run_in_threadpool(_undo_relaunch, ctx, manager, alias, "relaunch failed")
+        raise
+    return await run_in_threadpool(load_row, ctx, alias)
+
+
+def _undo_relaunch(
+    ctx: TeacherServices, manager: LocalTeacherManager, alias: str, why: str
+) -> None:
+    try:
+        manager.release(alias)
+    finally:
+        set_status(ctx, alias, TeacherStatus.unavailable, why)
+
+
+def stop_before_delete(ctx: TeacherServices, alias: str) -> None:
+    """Stop the alias's process group, if this registry runs one (blocking)."""
+    if ctx.local_teachers is not None:
+        ctx.local_teachers.stop(alias)
+
+
+def reconcile_at_startup(ctx: TeacherServices) -> list[str]:
+    """Mark every local alias unavailable; drop interrupted registrations.  Returns aliases."""
+    changed: list[str] = []
+    with ctx.writing() as session:
+        repo = TeacherRepository(session)
+        for row in repo.list_all():
+            if row.kind != TeacherKind.local:
+                continue
+            if row.status == TeacherStatus.launching and row.identity_json is None:
+                repo.delete(row.alias)
+                log.warning("removed the interrupted registration of local alias %s", row.alias)
+            elif row.identity_json is not None and row.status != TeacherStatus.unavailable:
+                gone = GONE_MESSAGE.format(alias=row.alias)
+                repo.update_status(row.alias, TeacherStatus.unavailable, gone)
+            else:
+                continue
+            changed.append(row.alias)
+    return changed
