@@ -11,6 +11,8 @@ other services' error pages or a port scanner:
   connection, DNS, TLS handshake or untrusted certificate, a timeout before
   the response head) is one error with one message and rule
   ``probe.unreachable``; the detail goes to the server log only.
+* ``parse_error_body``: the fields of a vLLM error envelope, leniently (None
+  when a body is not one).
 
 Imports the standard library, ``kiln_registry.domain.errors`` and ``probe.parse``.
 """
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 from kiln_registry.domain.errors import ProbeFailed
-from kiln_registry.probe.parse import shown
+from kiln_registry.probe.parse import refuse_constant, shown
 
 log = logging.getLogger("kiln_registry.probe")
 
@@ -61,3 +64,35 @@ def unreachable(detail: str) -> ProbeFailed:
     """The one refusal for a teacher that gave no HTTP answer; ``detail`` is only logged."""
     log.warning("teacher unreachable: %s", detail[:500])
     return ProbeFailed(UNREACHABLE_MESSAGE, rule="probe.unreachable", hint=UNREACHABLE_HINT)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBody:
+    """A vLLM error body: flat ``{"error": "..."}`` (401) or the nested envelope."""
+
+    message: str
+    type: str | None
+    param: str | None
+    code: int | None
+
+
+def parse_error_body(body: bytes) -> ErrorBody | None:
+    """The error envelope of a non-2xx body, or None when it is not one."""
+    try:
+        top = json.loads(body.decode("utf-8"), parse_constant=refuse_constant)
+    except (ValueError, RecursionError, ProbeFailed):
+        return None
+    if not isinstance(top, dict) or "error" not in top:
+        return None
+    err = top["error"]
+    if isinstance(err, str):
+        return ErrorBody(message=err, type=None, param=None, code=None)
+    if not isinstance(err, dict) or not isinstance(err.get("message"), str):
+        return None
+    kind, param, code = err.get("type"), err.get("param"), err.get("code")
+    return ErrorBody(
+        message=err["message"],
+        type=kind if isinstance(kind, str) else None,
+        param=param if isinstance(param, str) else None,
+        code=code if type(code) is int else None,
+    )

@@ -133,16 +133,6 @@ class ParsedCompletion:
     rows: PromptLogprobColumns
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorBody:
-    """A vLLM error body: flat ``{"error": "..."}`` (401) or the nested envelope."""
-
-    message: str
-    type: str | None
-    param: str | None
-    code: int | None
-
-
 class _Cand(tuple[object, object]):
     """A candidate object (``logprob`` and ``rank``; other keys ignored) as a tuple."""
 
@@ -174,7 +164,7 @@ def _pairs_hook(pairs: list[tuple[str, object]]) -> object:
     return obj
 
 
-def _refuse_constant(name: str) -> object:
+def refuse_constant(name: str) -> object:
     fail("json_constant", f"response body contains the non-standard JSON literal {name}")
 
 
@@ -197,7 +187,7 @@ def strict_loads(
         return json.loads(
             text,
             object_pairs_hook=_pairs_hook,
-            parse_constant=_refuse_constant,
+            parse_constant=refuse_constant,
             parse_float=parse_float,
         )
     except _Duplicate as exc:
@@ -396,26 +386,4 @@ def completion_from_tree(
         choice_count=1,
         choice_index=index,
         rows=columns,
-    )
-
-
-def parse_error_body(body: bytes) -> ErrorBody | None:
-    """The error envelope of a non-2xx body, or None when it is not one."""
-    try:
-        top = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError, ProbeFailed):
-        return None
-    if not isinstance(top, dict) or "error" not in top:
-        return None
-    err = top["error"]
-    if isinstance(err, str):
-        return ErrorBody(message=err, type=None, param=None, code=None)
-    if not isinstance(err, dict) or not isinstance(err.get("message"), str):
-        return None
-    kind, param, code = err.get("type"), err.get("param"), err.get("code")
-    return ErrorBody(
-        message=err["message"],
-        type=kind if isinstance(kind, str) else None,
-        param=param if isinstance(param, str) else None,
-        code=code if type(code) is int else None,
     )

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from kiln_registry.domain.errors import ProbeFailed
+from kiln_registry.probe.exposure import parse_error_body
 from kiln_registry.probe.parse import (
     ParsedCompletion,
     parse_completion,
-    parse_error_body,
     response_body_limit,
     strict_loads,
 )

@@ -14,7 +14,8 @@ import pytest
 from kiln_registry.domain.errors import IdentityMismatch, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.parse import PromptLogprobColumns, parse_completion
-from kiln_registry.probe.verify import RowsCheck, StudentView, verify_completion, verify_rows
+from kiln_registry.probe.row_checks import verify_rows
+from kiln_registry.probe.verify import RowsCheck, StudentView, verify_completion
 from tests.probe.teacher_server import HASH_B, completion_body, make_identity
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "vllm_responses"
