@@ -8,7 +8,7 @@ each bad field (never the submitted values), and anything unexpected as a
 generic 500 whose body says nothing internal (the traceback goes to the
 log, which is redacted).  As a last line of defence every rendered message
 and hint is scrubbed of the current values of the configured secret
-variables.  Imports FastAPI/Starlette, ``kiln_registry.domain.errors`` and the
+variables.  Imports FastAPI/Starlette, ``kiln_registry.domain`` (errors, text) and the
 credential redaction helpers only.
 """
 
@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.domain.errors import KilnError
+from kiln_registry.domain.text import ErrorItem, error_location, error_message, render_errors
 
 log = logging.getLogger("kiln_registry.api")
 
@@ -48,21 +49,16 @@ def invalid_code(method: str, path: str) -> str:
     return "invalid_request"
 
 
+def _validation_line(err: ErrorItem) -> str:
+    where = error_location(err.get("loc", ()), empty="body", skip=("body",))
+    if err.get("type") == "extra_forbidden":
+        return f"{where}: unknown field (not part of the API)"
+    return f"{where}: {error_message(err)}"
+
+
 def describe_validation_errors(errors: Sequence[Any]) -> str:
     """One line naming each bad field; never echoes the submitted values."""
-    parts: list[str] = []
-    for err in list(errors)[:MAX_VALIDATION_ITEMS]:
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
-        where = ".".join(loc) or "body"
-        msg = str(err.get("msg", "invalid"))
-        if err.get("type") == "extra_forbidden":
-            msg = "unknown field (not part of the API)"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        parts.append(f"{where}: {msg}")
-    if len(errors) > MAX_VALIDATION_ITEMS:
-        parts.append(f"... and {len(errors) - MAX_VALIDATION_ITEMS} more")
-    return "; ".join(parts)
+    return "; ".join(render_errors(errors, MAX_VALIDATION_ITEMS, _validation_line))
 
 
 def _secret_names(request: Request) -> frozenset[str]:

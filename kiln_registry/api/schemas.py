@@ -11,7 +11,7 @@ without a value are omitted, never ``null``, as in Kiln's artifact schema
 ``off_policy_manifest``, ``status_message``); ``capabilities`` and the other
 spec fields are required and nullable; the identity keeps ``"adapter": null``.
 
-Imports pydantic, ``kiln_registry.domain`` (aliases, vocabulary), ``api.wire`` and
+Imports pydantic, ``kiln_registry.domain`` (aliases, limits, vocabulary), ``api.wire`` and
 ``api.all_errors`` only.
 """
 
@@ -35,13 +35,12 @@ from kiln_registry.api.wire import Sha256Hex as Sha256Hex
 from kiln_registry.api.wire import Sha256Ref as Sha256Ref
 from kiln_registry.api.wire import WireModel as WireModel
 from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
+from kiln_registry.domain.limits import MAX_NOTES_CHARS, MAX_TEXT_CHARS
 from kiln_registry.domain.vocabulary import TeacherKind as TeacherKind
 from kiln_registry.domain.vocabulary import TeacherStatus as StoredStatus
 
 # The alias rule as a regular expression (ECMA-262 and Python ``re`` agree on it).
 ALIAS_PATTERN = re.compile(ALIAS_JSON_PATTERN)
-MAX_NOTES_CHARS = 4096
-MAX_TEXT_CHARS = 2048
 
 # Registration can never supply identity, bounds or secret names.
 SERVER_CONTROLLED_FIELDS: tuple[str, ...] = (

@@ -2,8 +2,8 @@
 
 Owns the key-path spelling (``teachers.local.a.port``, quoted odd keys), the
 per-error line (unknown keys name their table) and the cap on how many
-errors one message lists.  Imports: standard library, pydantic's error type
-and ``kiln_registry.domain.errors`` only.
+errors one message lists (``domain.text.render_errors``).  Imports: standard
+library, pydantic's error type and ``kiln_registry.domain`` (errors, text) only.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from kiln_registry.domain.errors import ConfigError
+from kiln_registry.domain.text import error_message, quoted, render_errors
 
 MAX_REPORTED_ERRORS = 50
+_SHOWN_KEY_CHARS = 80
 _PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -28,7 +30,7 @@ def _key_path(loc: Sequence[int | str]) -> str:
         if isinstance(item, int):
             parts.append(f"[{item}]")
             continue
-        text = item if _PLAIN_KEY_RE.fullmatch(item) else json.dumps(item[:80])
+        text = item if _PLAIN_KEY_RE.fullmatch(item) else json.dumps(item[:_SHOWN_KEY_CHARS])
         parts.append(text if item == "[key]" or not parts else f".{text}")
     return "".join(parts) or "(top level)"
 
@@ -40,22 +42,17 @@ def _error_line(error: Mapping[str, Any]) -> str:
         section = _key_path(loc[:-1])
         where = "the top level" if not loc[:-1] else f"[{section}]"
         return (
-            f"{_key_path(loc)}: unknown key {str(loc[-1])[:80]!r} in {where}"
+            f"{_key_path(loc)}: unknown key {quoted(loc[-1], _SHOWN_KEY_CHARS)} in {where}"
             " (neither Kiln nor kiln-registry has it)"
         )
     if kind == "missing":
         if loc == ("student",):
             return "student: no student model; set [student] model_path or Kiln's [model] path"
         return f"{_key_path(loc)}: required key is missing"
-    message = str(error["msg"])
-    if kind == "value_error":
-        message = str(error.get("ctx", {}).get("error", message))
-    return f"{_key_path(loc)}: {message}"
+    return f"{_key_path(loc)}: {error_message(error)}"
 
 
 def validation_error(path: Path, exc: ValidationError) -> ConfigError:
     errors = exc.errors(include_url=False, include_input=False, include_context=True)
-    lines = [_error_line(error) for error in errors[:MAX_REPORTED_ERRORS]]
-    if len(errors) > MAX_REPORTED_ERRORS:
-        lines.append(f"... and {len(errors) - MAX_REPORTED_ERRORS} more")
+    lines = render_errors(errors, MAX_REPORTED_ERRORS, _error_line)
     return ConfigError(f"{path}: " + "; ".join(lines), rule="config.invalid")

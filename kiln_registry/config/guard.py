@@ -22,7 +22,7 @@ The ``[jobs]`` key ``retain_days``: finished jobs (succeeded, failed,
 cancelled) older than this many days are deleted with their results by the
 job workers (default: unset, jobs are kept until deleted).
 
-Imports pydantic and the standard library only.
+Imports pydantic, the standard library and ``kiln_registry.domain.text`` only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import re
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+
+from kiln_registry.domain.text import quoted
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 MAX_PATTERNS = 256
@@ -43,8 +45,8 @@ _ORIGIN = re.compile(r"https?://([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?|\[[0-9a-f:
 def _check_host_pattern(value: str) -> str:
     if not _HOST_PATTERN.fullmatch(value) or ".." in value:
         raise ValueError(
-            f"{value[:80]!r} is not a host pattern: use a lowercase name or address, optionally"
-            " with :port, '*.' for sub-domains, or '*' for any (IPv6 in brackets)"
+            f"{quoted(value, 80)} is not a host pattern: use a lowercase name or address,"
+            " optionally with :port, '*.' for sub-domains, or '*' for any (IPv6 in brackets)"
         )
     return value
 
@@ -52,7 +54,7 @@ def _check_host_pattern(value: str) -> str:
 def _check_origin(value: str) -> str:
     if not _ORIGIN.fullmatch(value):
         raise ValueError(
-            f"{value[:80]!r} is not an origin: use scheme://host[:port] in lowercase, no path"
+            f"{quoted(value, 80)} is not an origin: use scheme://host[:port] in lowercase, no path"
         )
     return value
 

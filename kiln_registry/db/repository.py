@@ -15,7 +15,7 @@ redaction; callers must still keep secrets out of ``notes``, status messages
 and receipt reports.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` and
-``kiln_registry.domain.errors`` only.
+``kiln_registry.domain`` (aliases, errors, text) only.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from kiln_registry.domain.errors import (
     TeacherLimitReached,
     TeacherNotFound,
 )
+from kiln_registry.domain.text import clipped
 
 MAX_LIST_LIMIT: Final = 10_000
 DEFAULT_MAX_TEACHERS: Final = 10_000  # [server] max_teachers
@@ -94,9 +95,7 @@ def _report_json(report: Mapping[str, Any]) -> str:
 
 
 def _clip(message: str | None) -> str | None:
-    if message is None or len(message) <= MAX_STATUS_MESSAGE_CHARS:
-        return message
-    return message[: MAX_STATUS_MESSAGE_CHARS - 1] + "…"
+    return None if message is None else clipped(message, MAX_STATUS_MESSAGE_CHARS)
 
 
 class TeacherRepository:

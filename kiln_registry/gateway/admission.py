@@ -21,7 +21,8 @@
   64 KiB, as ``probe.transport.body_cap`` does.
 
 Imports: standard library, orjson (a fast path whose verdicts equal the strict parser's),
-sibling gateway modules and ``identity.strict_read`` (the strict parser).
+sibling gateway modules, ``domain.limits`` (the bounds shared with the probe client) and
+``identity.strict_read`` (the strict parser).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import NamedTuple, TypeGuard
 
 import orjson
 
+from kiln_registry.domain.limits import ERROR_BODY_READ_LIMIT, MAX_BODY_LIMIT, MIN_BODY_LIMIT
 from kiln_registry.gateway.config import GatewayConfig
 from kiln_registry.gateway.http1 import RequestHead
 from kiln_registry.gateway.refusals import NOT_FOUND, Refusal, bad_param, not_found
@@ -46,11 +48,8 @@ ROUTES: dict[tuple[bytes, bytes], str] = {
     (b"GET", b"/health"): HEALTH,
 }
 MAX_TOKEN_ID = 2**31 - 1
-# The probe client's bounds (``probe.parse.response_body_limit``, ``probe.transport.body_cap``),
-# restated so the gateway imports neither httpx nor numpy; a test keeps them equal.
-MIN_BODY_LIMIT = 1 << 20
-MAX_BODY_LIMIT = 256 << 20
-ERROR_BODY_READ_LIMIT = 64 * 1024
+# The probe client's bounds (``probe.parse.response_body_limit``, ``probe.transport.body_cap``)
+# come from ``domain.limits``, so the gateway imports neither httpx nor numpy.
 STREAM_EVENT_BYTES = 512
 _SHOWN_MODEL = re.compile(r"[A-Za-z0-9._/:-]{1,128}")
 _KEY_END = re.compile(rb'"[ \t\n\r]*:')

@@ -11,7 +11,7 @@ claim token (``update_claimed``), so a worker that lost its claim (restart
 recovery, cancellation of a queued job) changes nothing.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` (the
-timestamp), ``jobs.models`` and ``kiln_registry.domain`` (errors, vocabulary).
+timestamp), ``jobs.models`` and ``kiln_registry.domain`` (errors, text, vocabulary).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.domain.errors import InputError, JobConflict, JobNotFound
+from kiln_registry.domain.text import clipped
 from kiln_registry.domain.vocabulary import ACTIVE_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
 from kiln_registry.jobs.models import JOB_STATUSES, JobRow, JobSequenceRow
 
@@ -57,9 +58,8 @@ def _rowcount(result: object) -> int:
 
 
 def clip_message(message: str) -> str:
-    if len(message) <= MAX_ERROR_CHARS:
-        return message
-    return message[: MAX_ERROR_CHARS - 1] + "…"
+    """A job's stored error message: at most ``MAX_ERROR_CHARS`` characters."""
+    return clipped(message, MAX_ERROR_CHARS)
 
 
 class JobRepository:

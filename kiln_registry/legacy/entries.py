@@ -25,7 +25,8 @@ are re-checked when the entry is read, not here.  Values that do not fit
 the registry's own columns are not stored (and make the entry unavailable).
 
 Imports: the standard library, ``kiln_registry.credentials.origin``,
-``kiln_registry.db.legacy``, ``kiln_registry.domain.errors`` and
+``kiln_registry.db.legacy``, ``kiln_registry.domain`` (errors, limits, text,
+vocabulary) and
 ``kiln_registry.identity.document``; never the API, probe or launcher layers.
 """
 
@@ -42,10 +43,13 @@ from kiln_registry.db.legacy import (
     LegacyEntry,
 )
 from kiln_registry.domain.errors import RELEASE_NOTE, KilnError
+from kiln_registry.domain.limits import MAX_NOTES_CHARS, MAX_TEXT_CHARS
+from kiln_registry.domain.text import shown
+from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 
 LEGACY_FIELD: Final = "api_key_env"
-KINDS: Final = ("fixture", "local", "remote")
+KINDS: Final = tuple(kind.value for kind in TeacherKind)
 KILN_PROVIDERS: Final = (
     "vllm",
     "sglang",
@@ -61,16 +65,10 @@ _INT_FIELDS: Final = ("max_top_k", "vocab_size")
 SPEC_FIELDS: Final = frozenset(
     {"alias", "kind", "model_id", "supports_full_vocab", "identity", *_TEXT_FIELDS, *_INT_FIELDS}
 )
-MAX_TEXT_CHARS: Final = 2048
-MAX_NOTES_CHARS: Final = 4096
 MAX_USIZE: Final = (1 << 64) - 1
 _CREDENTIAL_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _MAX_SHOWN_FIELDS: Final = 5
 _REMEDY: Final = f"; delete this alias and register it again {RELEASE_NOTE}"
-
-
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= 64 else value[:64] + "...")
 
 
 def _text(fields: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
@@ -89,7 +87,7 @@ def _text(fields: Mapping[str, Any], name: str, *, required: bool = False) -> st
 def _check_types(fields: Mapping[str, Any]) -> None:
     unknown = sorted(set(fields) - SPEC_FIELDS - {LEGACY_FIELD})
     if unknown:
-        names = ", ".join(_shown(name) for name in unknown[:_MAX_SHOWN_FIELDS])
+        names = ", ".join(shown(name) for name in unknown[:_MAX_SHOWN_FIELDS])
         raise ValueError(f"unknown field(s) {names}")
     for name in _INT_FIELDS:
         value = fields.get(name)
@@ -118,22 +116,22 @@ def _identity(fields: Mapping[str, Any]) -> TeacherIdentity | None:
 
 def _static_problem(kind: str, fields: Mapping[str, Any], model_id: str) -> str | None:
     """Kiln's ``validate_teacher_spec_static``, in its order."""
-    if not model_id.strip() and kind != "local":
+    if not model_id.strip() and kind != TeacherKind.local:
         return "teacher model_id must be non-empty"
     if fields.get("supports_full_vocab") is True:
         return "supports_full_vocab=true is not available"
     if fields.get("vocab_size") == 0:
         return "teacher vocab_size must be greater than zero when specified"
-    if fields.get("max_top_k") == 0 and kind != "remote":
+    if fields.get("max_top_k") == 0 and kind != TeacherKind.remote:
         return (
             "teacher max_top_k must be greater than zero when specified for a local or"
             " fixture teacher"
         )
-    if fields.get("adapter") is not None and kind != "local":
+    if fields.get("adapter") is not None and kind != TeacherKind.local:
         return f"`adapter` is only valid on kind=local teachers (got kind={kind})"
-    if fields.get("identity") is not None and kind == "fixture":
+    if fields.get("identity") is not None and kind == TeacherKind.fixture:
         return "`identity` is only valid on remote or local teachers"
-    if kind != "remote":
+    if kind != TeacherKind.remote:
         if any(fields.get(name) is not None for name in ("provider", "url", "credential_id")):
             return "`provider`, `url`, and `credential_id` are only valid on kind=remote teachers"
         return None
@@ -164,8 +162,8 @@ def _identity_problem(
 ) -> str | None:
     """Kiln's checks of a pinned identity against the entry's other fields."""
     if model_id != identity.served_model_id:
-        return f"model_id {_shown(model_id)} does not match the identity's served model"
-    if kind == "local":
+        return f"model_id {shown(model_id)} does not match the identity's served model"
+    if kind == TeacherKind.local:
         adapter = None if identity.adapter is None else identity.adapter.name
         if fields.get("adapter") != adapter:
             return "the local teacher's adapter does not match its pinned identity"
@@ -187,14 +185,18 @@ def _usable_status(
     kind: str, fields: Mapping[str, Any], model_id: str, identity: TeacherIdentity | None
 ) -> tuple[str, str | None]:
     """Kiln's ``teacher_entry`` status for an entry that did not carry ``api_key_env``."""
-    if kind in ("remote", "local") and identity is None:
-        return "legacy_unverified", LEGACY_NO_IDENTITY_MESSAGE
+    if kind in (TeacherKind.remote, TeacherKind.local) and identity is None:
+        return TeacherStatus.legacy_unverified.value, LEGACY_NO_IDENTITY_MESSAGE
     problem = _static_problem(kind, fields, model_id)
     if problem is None and identity is not None:
         problem = _identity_problem(kind, fields, model_id, identity)
     if problem is not None:
-        return "unavailable", f"imported from a Kiln teachers.json: {problem}{_REMEDY}"
-    return ("configured" if kind == "fixture" else "verified"), None
+        return (
+            TeacherStatus.unavailable.value,
+            f"imported from a Kiln teachers.json: {problem}{_REMEDY}",
+        )
+    usable = TeacherStatus.configured if kind == TeacherKind.fixture else TeacherStatus.verified
+    return usable.value, None
 
 
 def legacy_entry(alias: str, fields: Mapping[str, Any]) -> LegacyEntry:
@@ -210,11 +212,11 @@ def legacy_entry(alias: str, fields: Mapping[str, Any]) -> LegacyEntry:
     identity = _identity(fields)
     message: str | None
     if LEGACY_FIELD in fields:
-        status, message = "legacy_unverified", LEGACY_STATUS_MESSAGE
+        status, message = TeacherStatus.legacy_unverified.value, LEGACY_STATUS_MESSAGE
         identity = None
     else:
         status, message = _usable_status(kind, fields, model_id, identity)
-    usable = status in ("verified", "configured")
+    usable = status in (TeacherStatus.verified, TeacherStatus.configured)
     url, credential_id = texts["url"], texts["credential_id"]
     return LegacyEntry(
         alias=alias,
@@ -224,7 +226,7 @@ def legacy_entry(alias: str, fields: Mapping[str, Any]) -> LegacyEntry:
         url=url if usable or _parses(url) else None,
         credential_id=credential_id if usable or _is_id(credential_id) else None,
         notes=texts["notes"],
-        adapter=texts["adapter"] if kind == "local" else None,
+        adapter=texts["adapter"] if kind == TeacherKind.local else None,
         identity_json=None if identity is None else identity.canonical_bytes().decode("utf-8"),
         identity_digest=None if identity is None else identity.digest(),
         status=status,

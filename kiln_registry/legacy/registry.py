@@ -30,7 +30,7 @@ stripped copy (no secret) and may be deleted.
 
 Imports: the standard library, SQLAlchemy's session types,
 ``kiln_registry.domain.aliases``, ``kiln_registry.config.settings``, ``kiln_registry.db``
-(legacy, repository), ``kiln_registry.domain.errors``,
+(legacy, repository), ``kiln_registry.domain`` (errors, text),
 ``kiln_registry.identity.hashing`` (the bounded read) and
 ``kiln_registry.legacy.entries``; never the API, probe or launcher layers.
 """
@@ -54,6 +54,7 @@ from kiln_registry.db.legacy import MAX_LEGACY_ROWS, LegacyEntry, insert_legacy_
 from kiln_registry.db.repository import LegacyImportRepository, unit_of_work
 from kiln_registry.domain.aliases import alias_problem
 from kiln_registry.domain.errors import InputError, KilnError
+from kiln_registry.domain.text import shown
 from kiln_registry.identity.strict_read import (
     DuplicateKeyError,
     FileProblem,
@@ -68,7 +69,6 @@ log = logging.getLogger("kiln_registry.legacy.registry")
 MAX_REGISTRY_BYTES: Final = 64 * 1024 * 1024
 MAX_ENTRIES: Final = MAX_LEGACY_ROWS
 _TMP_SUFFIX: Final = ".kiln-import.tmp"
-_SHOWN_CHARS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +81,6 @@ class ImportResult:
     stripped_entries: int
     rewritten: bool
     deleted_since_import: tuple[str, ...] = ()
-
-
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "...")
 
 
 def _refuse(path: Path, message: str, rule: str) -> InputError:
@@ -122,7 +118,7 @@ def _parse(path: Path, data: bytes) -> dict[str, Any]:
     except DuplicateKeyError as exc:
         raise _refuse(
             path,
-            f"key {_shown(exc.key)} appears twice in one object (a duplicate alias or field)",
+            f"key {shown(exc.key)} appears twice in one object (a duplicate alias or field)",
             "legacy.duplicate_key",
         ) from None
     except RecursionError:
@@ -163,7 +159,7 @@ def _entries(path: Path, doc: Mapping[str, Any]) -> tuple[list[LegacyEntry], int
     for alias, entry in doc.items():
         problem = alias_problem(alias)
         if problem is not None:
-            raise _refuse(path, f"alias {_shown(alias)}: {problem}", "legacy.alias")
+            raise _refuse(path, f"alias {shown(alias)}: {problem}", "legacy.alias")
         if not isinstance(entry, dict):
             raise _refuse(path, f"entry {alias!r} is not an object", "legacy.not_object")
         try:

@@ -40,6 +40,7 @@ from kiln_registry.auth.serving import (
 from kiln_registry.config.settings import KilnConfig, check_startup_environment, load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.domain.errors import ConfigError
+from kiln_registry.domain.text import ErrorItem, error_location, error_message, render_errors
 from kiln_registry.legacy.registry import import_configured_legacy_registry
 from kiln_registry.local.process_groups import Prepare, manager_from_config
 from kiln_registry.model.tokenizer import student_shape
@@ -91,13 +92,13 @@ def build_context(config: KilnConfig, *, local_prepare: Prepare | None = None) -
     return ctx
 
 
+def _override_line(error: ErrorItem) -> str:
+    return f"{error_location(error['loc'], empty='(top level)')}: {error_message(error)}"
+
+
 def _override_error(config_path: Path, exc: ValidationError) -> ConfigError:
     errors = exc.errors(include_url=False, include_input=False)
-    parts = []
-    for error in errors[:MAX_OVERRIDE_ERRORS]:
-        where = ".".join(str(p) for p in error["loc"]) or "(top level)"
-        message = str(error.get("ctx", {}).get("error", error["msg"]))
-        parts.append(f"{where}: {message}")
+    parts = render_errors(errors, MAX_OVERRIDE_ERRORS, _override_line)
     return ConfigError(
         f"{config_path} with --host/--port: " + "; ".join(parts),
         rule="config.override",
