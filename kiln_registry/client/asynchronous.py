@@ -1,12 +1,13 @@
 """``AsyncRegistryClient``: ``RegistryClient``'s operations on ``httpx.AsyncClient``.
 
 The same methods, arguments, answers and errors as the synchronous client
-(``kiln_registry.client.sync``), awaited: both build their requests and parse their
-answers with ``client_ops``/``client_base``, and share the wait and download
-logic of ``kiln_registry.client.jobs``.  ``iter_teachers``/``iter_jobs`` are
-async iterators; ``wait_job``'s ``on_progress`` may be a plain function or a
+(``kiln_registry.client.sync``), awaited: both take their one-request
+operations from ``client.core``'s table (built on ``client.ops`` and
+``client.base``), and share the wait and download logic of
+``kiln_registry.client.jobs``.  ``iter_teachers``/``iter_jobs`` are async
+iterators; ``wait_job``'s ``on_progress`` may be a plain function or a
 coroutine function; a downloaded corpus is verified in a worker thread so the
-event loop keeps running.  Imports httpx and the ``client_*`` modules only;
+event loop keeps running.  Imports httpx and the ``client.*`` modules only;
 nothing happens at import time.
 """
 
@@ -14,33 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 
-from kiln_registry.api.jobs_schemas import DeleteJobResponse, JobPublic, JobsListResponse
-from kiln_registry.api.schemas import (
-    DeleteTeacherResponse,
-    HealthResponse,
-    ProbeReceipt,
-    ProbeReportPublic,
-    ReadyResponse,
-    TeacherEntry,
-    TeachersListResponse,
-)
-from kiln_registry.auth.wire import AuditEvent, ReleaseResponse
+from kiln_registry.api.jobs_schemas import JobPublic
+from kiln_registry.api.schemas import TeacherEntry
 from kiln_registry.client import base as base
 from kiln_registry.client import ops as ops
-from kiln_registry.client.base import (
-    DEFAULT_SERVER,
-    DEFAULT_TIMEOUT_S,
-    MAX_RESPONSE_BYTES,
-    MAX_RESULT_BYTES,
-    ClientSettings,
-)
+from kiln_registry.client.base import MAX_RESULT_BYTES
+from kiln_registry.client.core import Awaiting, BoundedBody, translate_errors
 from kiln_registry.client.jobs import (
     DownloadedCorpus,
     ProgressCallback,
@@ -52,45 +39,10 @@ from kiln_registry.client.jobs import (
 T = TypeVar("T")
 
 
-class AsyncRegistryClient:
+class AsyncRegistryClient(Awaiting):
     """``async with AsyncRegistryClient(url) as client: await client.list_teachers()``."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_SERVER,
-        *,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        transport: httpx.AsyncBaseTransport | None = None,
-        trust_env: bool = False,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        token: str | None = None,
-        token_env: str | None = None,
-        ca_file: Path | None = None,
-        client_cert: tuple[Path, Path] | None = None,
-    ) -> None:
-        settings = ClientSettings.build(
-            base_url,
-            timeout=timeout,
-            max_response_bytes=max_response_bytes,
-            token=token,
-            token_env=token_env,
-            ca_file=ca_file,
-            client_cert=client_cert,
-        )
-        self.base_url = settings.base_url
-        self._limit = settings.max_response_bytes
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(settings.timeout),
-            transport=transport,
-            trust_env=trust_env,
-            follow_redirects=False,
-            headers=settings.headers,
-            verify=settings.verify,
-        )
-
-    def __repr__(self) -> str:
-        return f"AsyncRegistryClient(base_url={self.base_url!r})"
+    _label: ClassVar[str] = "AsyncRegistryClient"
 
     async def __aenter__(self) -> AsyncRegistryClient:
         return self
@@ -106,19 +58,6 @@ class AsyncRegistryClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    # -- system and teachers ------------------------------------------------
-
-    async def health(self) -> HealthResponse:
-        return await self._run(ops.health())
-
-    async def ready(self) -> ReadyResponse:
-        return await self._run(ops.ready())
-
-    async def teachers_page(
-        self, *, limit: int | None = None, cursor: str | None = None
-    ) -> TeachersListResponse:
-        return await self._run(ops.teachers_page(limit, cursor))
-
     async def iter_teachers(self, *, page_size: int | None = None) -> AsyncIterator[TeacherEntry]:
         pager = base.Pager()
         while not pager.done:
@@ -129,65 +68,6 @@ class AsyncRegistryClient:
 
     async def list_teachers(self) -> list[TeacherEntry]:
         return [entry async for entry in self.iter_teachers()]
-
-    async def get_teacher(self, alias: str) -> TeacherEntry:
-        return await self._run(ops.get_teacher(alias))
-
-    async def register_teacher(
-        self,
-        *,
-        alias: str,
-        kind: str,
-        provider: str | None = None,
-        model_id: str | None = None,
-        url: str | None = None,
-        credential_id: str | None = None,
-        notes: str | None = None,
-        adapter: str | None = None,
-        launch_profile: str | None = None,
-    ) -> TeacherEntry:
-        fields = {"alias": alias, "kind": kind, "provider": provider, "model_id": model_id,
-                  "url": url, "credential_id": credential_id, "notes": notes,
-                  "adapter": adapter, "launch_profile": launch_profile}  # fmt: skip
-        return await self._run(ops.register_teacher(fields))
-
-    async def delete_teacher(self, alias: str) -> DeleteTeacherResponse:
-        return await self._run(ops.delete_teacher(alias))
-
-    async def probe_teacher(self, alias: str) -> ProbeReportPublic:
-        return await self._run(ops.probe_teacher(alias))
-
-    async def launch_teacher(self, alias: str) -> TeacherEntry:
-        return await self._run(ops.launch_teacher(alias))
-
-    async def receipts(self, alias: str, *, limit: int = 100) -> list[ProbeReceipt]:
-        return await self._run(ops.receipts(alias, limit))
-
-    async def audit(self, *, limit: int = 100, before: int | None = None) -> list[AuditEvent]:
-        return await self._run(ops.audit(limit, before))
-
-    async def release_alias(self, alias: str) -> ReleaseResponse:
-        return await self._run(ops.release_alias(alias))
-
-    # -- jobs ---------------------------------------------------------------
-
-    async def submit_job(
-        self,
-        *,
-        teacher: str,
-        top_k: int,
-        sequences: list[list[int]] | None = None,
-        corpus: str | None = None,
-    ) -> JobPublic:
-        return await self.submit(ops.scoring_job_body(teacher, top_k, sequences, corpus))
-
-    async def submit(self, body: Mapping[str, object]) -> JobPublic:
-        return await self._run(ops.submit_job(body))
-
-    async def jobs_page(
-        self, *, status: str | None = None, limit: int | None = None, cursor: str | None = None
-    ) -> JobsListResponse:
-        return await self._run(ops.jobs_page(status, limit, cursor))
 
     async def iter_jobs(
         self, *, status: str | None = None, page_size: int | None = None
@@ -201,16 +81,6 @@ class AsyncRegistryClient:
 
     async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobPublic]:
         return (await self.jobs_page(status=status, limit=limit)).jobs
-
-    async def get_job(self, job_id: str) -> JobPublic:
-        return await self._run(ops.get_job(job_id))
-
-    async def cancel_job(self, job_id: str) -> JobPublic:
-        return await self._run(ops.cancel_job(job_id))
-
-    async def delete_job(self, job_id: str) -> DeleteJobResponse:
-        """Remove a finished job with its result (``409 job_conflict`` while it runs)."""
-        return await self._run(ops.delete_job(job_id))
 
     async def wait_job(
         self,
@@ -262,19 +132,15 @@ class AsyncRegistryClient:
 
     async def _run(self, op: base.Call[T]) -> T:
         content, headers = op.content()
-        try:
+        with translate_errors(self.base_url):
             async with self._http.stream(
                 op.method, op.path, content=content, headers=headers
             ) as resp:
                 raw = await self._read(resp)
                 return base.interpret(op, resp.status_code, raw, resp.headers)
-        except httpx.TimeoutException as exc:
-            raise base.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
-        except httpx.HTTPError as exc:
-            raise base.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
 
     async def _stream_into(self, path: str, write: Callable[[bytes], None]) -> httpx.Headers:
-        try:
+        with translate_errors(self.base_url):
             async with self._http.stream("GET", path) as resp:
                 if resp.status_code != 200:
                     base.check_status(resp.status_code, await self._read(resp), resp.headers)
@@ -282,18 +148,9 @@ class AsyncRegistryClient:
                 async for chunk in resp.aiter_raw():
                     write(chunk)
                 return resp.headers
-        except httpx.TimeoutException as exc:
-            raise base.unreachable(self.base_url, f"timed out ({type(exc).__name__})") from exc
-        except httpx.HTTPError as exc:
-            raise base.unreachable(self.base_url, f"failed ({type(exc).__name__})") from exc
 
     async def _read(self, response: httpx.Response) -> bytes:
-        error = base.declared_too_large(response.headers, self._limit)
-        if error is not None:
-            raise error
-        body = bytearray()
+        body = BoundedBody(response.headers, self._limit)
         async for chunk in response.aiter_raw():
-            if len(body) + len(chunk) > self._limit:
-                raise base.too_large(self._limit)
-            body += chunk
-        return bytes(body)
+            body.add(chunk)
+        return body.bytes()

@@ -1,9 +1,11 @@
 """One constructor per registry API operation, shared by both clients.
 
 Each function checks its arguments (alias, job id, limit, status) before
-anything is sent and returns a ``client_base.Call``: method, path with its
-query, JSON body and the parser of the answer into the wire schema.
-``RegistryClient`` and ``AsyncRegistryClient`` run the same calls.  Imports
+anything is sent and returns a ``client.base.Call``: method, path with its
+query, JSON body and the parser of the answer into the wire schema.  The
+public operations take the signature (and docstring) of the client method
+they become (``client.core``'s table): ``RegistryClient`` and
+``AsyncRegistryClient`` run the same calls.  Imports
 pydantic, ``client_base`` and the wire schemas; never httpx.
 """
 
@@ -49,7 +51,10 @@ def ready() -> Call[ReadyResponse]:
     return call("GET", "/ready", ReadyResponse)
 
 
-def teachers_page(limit: int | None, cursor: str | None) -> Call[TeachersListResponse]:
+def teachers_page(
+    *, limit: int | None = None, cursor: str | None = None
+) -> Call[TeachersListResponse]:
+    """One page of ``GET /v1/teachers`` (pass its ``next_cursor`` for the next)."""
     limit = None if limit is None else check_limit(limit)
     return call("GET", "/v1/teachers" + _query(limit=limit, cursor=cursor), TeachersListResponse)
 
@@ -58,8 +63,22 @@ def get_teacher(alias: str) -> Call[TeacherEntry]:
     return call("GET", f"/v1/teachers/{alias_path(alias)}", TeacherEntry)
 
 
-def register_teacher(fields: Mapping[str, str | None]) -> Call[TeacherEntry]:
+def register_teacher(
+    *,
+    alias: str,
+    kind: str,
+    provider: str | None = None,
+    model_id: str | None = None,
+    url: str | None = None,
+    credential_id: str | None = None,
+    notes: str | None = None,
+    adapter: str | None = None,
+    launch_profile: str | None = None,
+) -> Call[TeacherEntry]:
     """``POST /v1/teachers``; fields left as None are not sent (the server validates)."""
+    fields = {"alias": alias, "kind": kind, "provider": provider, "model_id": model_id,
+              "url": url, "credential_id": credential_id, "notes": notes,
+              "adapter": adapter, "launch_profile": launch_profile}  # fmt: skip
     body = {name: value for name, value in fields.items() if value is not None}
     return call("POST", "/v1/teachers", TeacherEntry, body)
 
@@ -69,31 +88,47 @@ def delete_teacher(alias: str) -> Call[DeleteTeacherResponse]:
 
 
 def probe_teacher(alias: str) -> Call[ProbeReportPublic]:
+    """Re-run the probes against the stored identity; returns the probe report."""
     return call("POST", f"/v1/teachers/{alias_path(alias)}/probe", ProbeReportPublic)
 
 
 def launch_teacher(alias: str) -> Call[TeacherEntry]:
+    """Relaunch an ``unavailable`` local alias with its stored identity."""
     return call("POST", f"/v1/teachers/{alias_path(alias)}/launch", TeacherEntry)
 
 
-def receipts(alias: str, limit: int) -> Call[list[ProbeReceipt]]:
+def receipts(alias: str, *, limit: int = 100) -> Call[list[ProbeReceipt]]:
     path = f"/v1/teachers/{alias_path(alias)}/receipts" + _query(limit=check_limit(limit))
     inner = call("GET", path, ReceiptsResponse)
     return Call("GET", path, lambda data: inner.parse(data).receipts)
 
 
-def audit(limit: int, before: int | None) -> Call[list[AuditEvent]]:
+def audit(*, limit: int = 100, before: int | None = None) -> Call[list[AuditEvent]]:
+    """``GET /v1/audit`` (admin): state changes, newest first."""
     path = "/v1/audit" + _query(limit=check_limit(limit), before=before)
     inner = call("GET", path, AuditResponse)
     return Call("GET", path, lambda data: inner.parse(data).events)
 
 
 def release_alias(alias: str) -> Call[ReleaseResponse]:
+    """Free a deleted (reserved) alias (admin)."""
     return call("POST", f"/v1/admin/aliases/{alias_path(alias)}/release", ReleaseResponse)
 
 
-def submit_job(body: Mapping[str, object]) -> Call[JobPublic]:
+def submit(body: Mapping[str, object]) -> Call[JobPublic]:
+    """``POST /v1/jobs`` with a complete body (any job kind the server knows)."""
     return call("POST", "/v1/jobs", JobPublic, dict(body))
+
+
+def submit_job(
+    *,
+    teacher: str,
+    top_k: int,
+    sequences: list[list[int]] | None = None,
+    corpus: str | None = None,
+) -> Call[JobPublic]:
+    """Queue a ``teacher_scoring`` job over inline ``sequences`` or a server-side ``corpus``."""
+    return submit(scoring_job_body(teacher, top_k, sequences, corpus))
 
 
 def scoring_job_body(
@@ -113,7 +148,10 @@ def scoring_job_body(
     return body
 
 
-def jobs_page(status: str | None, limit: int | None, cursor: str | None) -> Call[JobsListResponse]:
+def jobs_page(
+    *, status: str | None = None, limit: int | None = None, cursor: str | None = None
+) -> Call[JobsListResponse]:
+    """One page of ``GET /v1/jobs``, newest first."""
     if status is not None and status not in JobStatus.__members__:
         raise InputError(
             f"job status must be one of {', '.join(JobStatus.__members__)}", rule="client.status"
@@ -132,7 +170,7 @@ def cancel_job(job_id: str) -> Call[JobPublic]:
 
 
 def delete_job(job_id: str) -> Call[DeleteJobResponse]:
-    """``DELETE /v1/jobs/{id}`` (issue 15): a finished job; an active one is 409."""
+    """Remove a finished job with its result (``409 job_conflict`` while it runs)."""
     return call("DELETE", f"/v1/jobs/{job_id_path(job_id)}", DeleteJobResponse)
 
 
