@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from kiln_registry.domain.errors import ProbeFailed
+from kiln_registry.domain.text import quoted
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.generation_sources import GenerationSettings
 from kiln_registry.jobs.scoring import SCORE_TIMEOUT_S, send_with_retries
@@ -175,7 +176,7 @@ def _ids(
         _fail("token_ids", f"choices[0].token_ids is not an array of ids below {vocab}")
     finish = choice.get("finish_reason")
     if finish not in FINISH_REASONS:
-        _fail("finish_reason", f"finish_reason {str(finish)[:20]!r} is not length or stop")
+        _fail("finish_reason", f"finish_reason {quoted(finish, 20)} is not length or stop")
     if not 1 <= len(ids) <= s.max_tokens or (finish == "length" and len(ids) != s.max_tokens):
         _fail("token_count", f"{len(ids)} tokens came back for max_tokens {s.max_tokens}"
               f" (finish_reason {finish})")  # fmt: skip

@@ -14,7 +14,8 @@ ties, order, probability mass, identity) are ``kiln_registry.probe.verify``'s
 job.
 
 Refusals are ``ProbeFailed`` with ``rule="probe.<name>"``.  Pure: imports only
-the standard library and ``kiln_registry.domain.errors``; no sockets, numpy or httpx.
+the standard library and ``kiln_registry.domain`` (errors, text excerpts); no
+sockets, numpy or httpx.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kiln_registry.domain.errors import ProbeFailed
+from kiln_registry.domain.text import escaped_excerpt
 
 MIN_BODY_LIMIT = 1 << 20
 MAX_BODY_LIMIT = 256 << 20
@@ -54,12 +56,6 @@ def fail(rule: str, message: str) -> NoReturn:
     raise ProbeFailed(message, rule=f"probe.{rule}")
 
 
-def bounded_text(data: bytes, limit: int = MAX_ERROR_TEXT) -> str:
-    """At most ``limit`` characters of untrusted bytes, control characters escaped."""
-    text = data[: limit * 4].decode("utf-8", errors="replace")[:limit]
-    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
-
-
 # False while a response to an authenticated request is parsed or verified: a
 # teacher could reflect the bearer key into any field, so no response text may
 # reach a message then (``withholding_response_text``).
@@ -78,13 +74,13 @@ def withholding_response_text(authenticated: bool) -> Iterator[None]:
 
 
 def shown(value: str, limit: int = MAX_ERROR_TEXT) -> str:
-    """``bounded_text`` of an untrusted decoded string; lone surrogates are escaped, not raised.
+    """``escaped_excerpt`` of an untrusted decoded string; lone surrogates escaped, not raised.
 
     Response text is withheld entirely while an authenticated response is checked.
     """
     if not _ECHO_RESPONSE_TEXT.get():
         return WITHHELD
-    return bounded_text(value[: limit * 2].encode("utf-8", errors="backslashreplace"), limit)
+    return escaped_excerpt(value[: limit * 2].encode("utf-8", errors="backslashreplace"), limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,9 @@ keep-alive client (h11, ``probe.wire``) cannot drift apart:
   chain, is only logged), ``probe.timeout`` or ``probe.incomplete_body`` after
   it, ``probe.transport`` for a request that cannot be framed.
 
-Messages name only exception types (and a side request's name), never the
-teacher's bytes or a header.  Imports the standard library, h11, httpx (its
-exception types), ``kiln_registry.domain.errors`` and ``probe.parse`` /
+Messages name exception types, a side request's name and at most 40
+characters of a Content-Encoding; never a body or a request header.  Imports the standard library, h11, httpx (its
+exception types), ``kiln_registry.domain`` (errors, text) and ``probe.parse`` /
 ``probe.exposure``; no database or FastAPI; nothing happens at import time.
 """
 
@@ -44,6 +44,7 @@ import h11
 import httpx
 
 from kiln_registry.domain.errors import ProbeFailed
+from kiln_registry.domain.text import quoted
 from kiln_registry.probe.exposure import unreachable
 from kiln_registry.probe.parse import fail
 
@@ -112,7 +113,7 @@ def check_head(status: int, encoding: str | None, declared: str | None, limit: i
         fail("redirect", f"teacher answered HTTP {status}; redirects are refused")
     encoding = (encoding or "identity").strip().lower()
     if encoding not in ("", "identity"):
-        fail("content_encoding", f"teacher used Content-Encoding {encoding[:40]!r}")
+        fail("content_encoding", f"teacher used Content-Encoding {quoted(encoding, 40)}")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         fail("body_too_large", f"Content-Length {declared} exceeds the bound of {limit} bytes")
 
