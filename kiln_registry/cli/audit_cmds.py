@@ -12,18 +12,14 @@ import json
 import sys
 from typing import Any
 
-from kiln_registry.cli.server_options import client_access, server_options, server_url
-from kiln_registry.client.sync import RegistryClient
+from kiln_registry.cli.server_options import registry_client, server_options
+from kiln_registry.domain.text import quoted
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
 
-def _client(args: argparse.Namespace) -> RegistryClient:
-    return RegistryClient(server_url(args), timeout=args.timeout, **client_access(args))
-
-
 def _audit(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         events = client.audit(limit=args.limit, before=args.before)
     if args.json:
         doc = {"events": [e.model_dump(mode="json") for e in events]}
@@ -35,7 +31,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def release_command(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         client.release_alias(args.alias)
     print(f"released {args.alias}; it can be registered again")
     return 0
@@ -43,13 +39,13 @@ def release_command(args: argparse.Namespace) -> int:
 
 def _count(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 1000:
-        raise argparse.ArgumentTypeError(f"{text[:16]!r} is not in 1..1000")
+        raise argparse.ArgumentTypeError(f"{quoted(text, 16)} is not in 1..1000")
     return int(text)
 
 
 def _event_id(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 2**62:
-        raise argparse.ArgumentTypeError(f"{text[:24]!r} is not an event id")
+        raise argparse.ArgumentTypeError(f"{quoted(text, 24)} is not an event id")
     return int(text)
 
 

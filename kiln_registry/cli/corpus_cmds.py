@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln_registry.cli.jobs_cmds import SERVER_ENV, _common, _seconds
-from kiln_registry.cli.server_options import add_access_options, client_access
-from kiln_registry.client.sync import DEFAULT_SERVER, RegistryClient
+from kiln_registry.cli.jobs_cmds import _common, _seconds
+from kiln_registry.cli.server_options import SERVER_ENV, add_access_options, registry_client
+from kiln_registry.client.sync import RegistryClient
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.observability.progress import ProgressBar
 
@@ -44,11 +43,6 @@ if TYPE_CHECKING:
     from kiln_registry.jobs.signing import PublicKey
 
 SubParsers = Any  # argparse's _SubParsersAction is private
-
-
-def _client(args: argparse.Namespace) -> RegistryClient:
-    server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return RegistryClient(server, timeout=args.timeout, **client_access(args))
 
 
 def _still_registered(client: RegistryClient, summary: CorpusSummary, file: Path) -> None:
@@ -109,7 +103,7 @@ def _verify(args: argparse.Namespace) -> int:
     from kiln_registry.jobs.signing import read_keys_file
 
     if args.public_key is None:
-        with _client(args) as client:
+        with registry_client(args) as client:
             summary = _verify_file(args.file, client.signing_keys())
             _still_registered(client, summary, args.file)
         _report(args, summary, True)
@@ -139,7 +133,7 @@ def _keys_show(args: argparse.Namespace) -> int:
             raise InputError("pass either --config or --server", rule="client.options")
         keys = _local_keys(args.config)
     else:
-        with _client(args) as client:
+        with registry_client(args) as client:
             keys = list(client.signing_keys().values())
     if args.json:
         sys.stdout.write(json.dumps(keys_document(keys), indent=2) + "\n")

@@ -12,15 +12,14 @@ directories created) or copied to stdout.  ``cache stats`` and
 (it must already be at the current schema revision; ``kiln serve`` migrates).
 
 Failures are ``KilnError``s: ``kiln`` prints one line and exits 2.  Imports:
-standard library, ``kiln_registry.client.sync``/``config``/``db``/``errors``,
-``api.jobs_schemas`` and ``jobs``; never FastAPI or torch.
+standard library, ``kiln_registry.client.sync``/``config``/``db``/``domain``,
+``cli.server_options``, ``api.jobs_schemas`` and ``jobs``; never FastAPI or torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -28,25 +27,24 @@ from pathlib import Path
 from typing import Any
 
 from kiln_registry.api.jobs_schemas import JobPublic, JobsListResponse
-from kiln_registry.cli.server_options import add_access_options, client_access
+from kiln_registry.cli.server_options import (
+    MAX_TIMEOUT_SECONDS,
+    number,
+    registry_client,
+    server_options,
+)
 from kiln_registry.cli.teachers_cmds import printable, table
-from kiln_registry.client.sync import DEFAULT_SERVER, RegistryClient
+from kiln_registry.client.sync import RegistryClient
 from kiln_registry.domain.errors import ConfigError, InputError
+from kiln_registry.domain.vocabulary import JobStatus
 from kiln_registry.observability.progress import ProgressBar
 
 SubParsers = Any  # argparse's _SubParsersAction is private
-SERVER_ENV = "KILN_SERVER"
-TERMINAL = ("succeeded", "failed", "cancelled")
 MAX_SEQUENCES_FILE = 64 << 20
 
 
 # The registry client covers the job routes (kept under this name for older imports).
 JobsClient = RegistryClient
-
-
-def _client(args: argparse.Namespace) -> RegistryClient:
-    server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return RegistryClient(server, timeout=args.timeout, **client_access(args))
 
 
 def _emit(job: JobPublic, as_json: bool) -> None:
@@ -94,7 +92,7 @@ def _submit(args: argparse.Namespace) -> int:
         body["corpus"] = {"path": args.corpus}
     else:
         body["sequences"] = _sequences_file(args.sequences)
-    with _client(args) as client:
+    with registry_client(args) as client:
         job = client.submit(body)
     if args.json:
         _emit(job, True)
@@ -104,7 +102,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         jobs = client.list_jobs(status=args.status, limit=args.limit)
     if args.json:
         sys.stdout.write(JobsListResponse(jobs=jobs).model_dump_json(indent=2) + "\n")
@@ -128,7 +126,7 @@ def _follow(client: RegistryClient, job_id: str, interval: float) -> JobPublic:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         job = _follow(client, args.job_id, args.interval) if args.follow else None
         job = job or client.get_job(args.job_id)
     _emit(job, args.json)
@@ -136,13 +134,13 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         _emit(client.cancel_job(args.job_id), args.json)
     return 0
 
 
 def _delete(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         done = client.delete_job(args.job_id)
     if args.json:
         sys.stdout.write(done.model_dump_json(indent=2) + "\n")
@@ -152,7 +150,7 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _result(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         if args.output is not None:
             done = client.download_result(args.job_id, args.output)
             print(f"wrote {done.path} ({done.bytes} bytes, verified)", file=sys.stderr)
@@ -223,11 +221,8 @@ def _cache_prune(args: argparse.Namespace) -> int:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 3600:
+    value = number(text)
+    if not 0 < value <= MAX_TIMEOUT_SECONDS:
         raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 3600] seconds")
     return value
 
@@ -239,16 +234,7 @@ def _positive(text: str) -> int:
 
 
 def _common() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument(
-        "--server",
-        metavar="URL",
-        help=f"registry URL (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
-    )
-    add_access_options(parent)
-    parent.add_argument("--json", action="store_true", help="print one JSON document")
-    parent.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per request")
-    return parent
+    return server_options(timeout_type=_seconds)
 
 
 def _register_jobs(sub: SubParsers) -> None:
@@ -264,7 +250,7 @@ def _register_jobs(sub: SubParsers) -> None:
     source.add_argument("--sequences", type=Path, metavar="FILE", help="JSON [[ids], ...]")
     p.set_defaults(func=_submit)
     p = group.add_parser("list", help="list jobs, newest first", parents=[common])
-    p.add_argument("--status", choices=("queued", "probing", "running", *TERMINAL))
+    p.add_argument("--status", choices=[status.value for status in JobStatus])
     p.add_argument("--limit", type=_positive, default=50)
     p.set_defaults(func=_list)
     p = group.add_parser("show", help="show a job (--follow: until it ends)", parents=[common])

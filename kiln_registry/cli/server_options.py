@@ -6,20 +6,21 @@ Owns ``--server URL`` (else ``$KILN_SERVER``, else the client's default),
 $KILN_CLIENT_CERT_FILE/$KILN_CLIENT_KEY_FILE; ``client_access`` gives the
 client's keyword arguments), ``--json`` and
 ``--timeout SECONDS`` (in (0, 3600], default 60) as one argparse
-parent parser, the ``seconds`` and ``number`` argument types, and
-``server_url`` (which URL a parsed command talks to).
+parent parser, the ``seconds`` and ``number`` argument types,
+``server_url`` (which URL a parsed command talks to) and ``registry_client``.
 
-Imports: standard library and ``kiln_registry.client.sync`` (for its default URL).
+Imports: standard library and ``kiln_registry.client`` (sync, tls).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.client.sync import DEFAULT_SERVER
+from kiln_registry.client.sync import DEFAULT_SERVER, RegistryClient
 from kiln_registry.client.tls import CERT_ENV, KEY_ENV, TOKEN_ENV, client_cert_from, token_from_env
 
 SERVER_ENV = "KILN_SERVER"
@@ -42,8 +43,13 @@ def seconds(text: str) -> float:
     return value
 
 
-def server_options(*, server: bool = True) -> argparse.ArgumentParser:
-    """A parent parser: ``--server`` (when ``server``), ``--json`` and ``--timeout``."""
+def server_options(
+    *, server: bool = True, timeout_type: Callable[[str], float] = seconds
+) -> argparse.ArgumentParser:
+    """A parent parser: ``--server`` (when ``server``), ``--json`` and ``--timeout``.
+
+    ``timeout_type`` parses ``--timeout`` (the job commands word their refusal their own way).
+    """
     parent = argparse.ArgumentParser(add_help=False)
     if server:
         parent.add_argument(
@@ -53,7 +59,7 @@ def server_options(*, server: bool = True) -> argparse.ArgumentParser:
         )
         add_access_options(parent)
     parent.add_argument("--json", action="store_true", help="print one JSON document")
-    parent.add_argument("--timeout", type=seconds, default=60.0, help="seconds per request")
+    parent.add_argument("--timeout", type=timeout_type, default=60.0, help="seconds per request")
     return parent
 
 
@@ -61,6 +67,11 @@ def server_url(args: argparse.Namespace) -> str:
     """``--server``, else ``$KILN_SERVER``, else the client's default URL."""
     url: str = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
     return url
+
+
+def registry_client(args: argparse.Namespace) -> RegistryClient:
+    """The client a parsed command talks through (``server_url``, ``--timeout``, access)."""
+    return RegistryClient(server_url(args), timeout=args.timeout, **client_access(args))
 
 
 def add_access_options(parser: argparse.ArgumentParser) -> None:

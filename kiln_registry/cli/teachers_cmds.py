@@ -26,23 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from kiln_registry.api.schemas import ProbeReportPublic, TeacherEntry
-from kiln_registry.cli.server_options import client_access, number, server_options, server_url
-from kiln_registry.client.sync import RegistryClient
+from kiln_registry.cli.server_options import number, registry_client, server_options
 from kiln_registry.domain.errors import InputError
+from kiln_registry.domain.text import clipped
+from kiln_registry.domain.vocabulary import TEACHER_KINDS_REMOTE_FIRST
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 REVISION_PREFIX = 12
 MAX_CELL = 48
-KINDS = ("remote", "local", "fixture")
+KINDS = TEACHER_KINDS_REMOTE_FIRST
 
 
 def printable(value: object, limit: int | None = None) -> str:
     """``value`` as one terminal-safe line: control and escape characters become '?'."""
     text = "-" if value is None else str(value)
     text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text
+    return text if limit is None else clipped(text, limit)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -61,12 +60,8 @@ def _emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
-def _client(args: argparse.Namespace) -> RegistryClient:
-    return RegistryClient(server_url(args), timeout=args.timeout, **client_access(args))
-
-
 def _list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         entries = client.list_teachers()
     if args.json:
         _emit_json({"teachers": [e.model_dump(mode="json", by_alias=True) for e in entries]})
@@ -120,13 +115,13 @@ def render_entry(entry: TeacherEntry) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         entry = client.get_teacher(args.alias)
     return _print_entry(args, entry)
 
 
 def _launch(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         entry = client.launch_teacher(args.alias)
     return _print_entry(args, entry)
 
@@ -140,7 +135,7 @@ def _print_entry(args: argparse.Namespace, entry: TeacherEntry) -> int:
 
 
 def _register(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         entry = client.register_teacher(
             alias=args.alias,
             kind=args.kind,
@@ -161,7 +156,7 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         result = client.delete_teacher(args.alias)
     if args.json:
         _emit_json(result.model_dump(mode="json"))
@@ -190,7 +185,7 @@ def render_probe(report: ProbeReportPublic) -> str:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         report = client.probe_teacher(args.alias)
     if args.json:
         _emit_json(report.model_dump(mode="json"))
@@ -200,7 +195,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _receipts(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with registry_client(args) as client:
         receipts = client.receipts(args.alias, limit=args.limit)
     if args.json:
         _emit_json({"receipts": [r.model_dump(mode="json") for r in receipts]})

@@ -24,6 +24,7 @@ from kiln_registry.auth.tokens import SCOPES, check_scopes
 from kiln_registry.config.settings import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.repository import unit_of_work
+from kiln_registry.domain.text import quoted
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
@@ -105,7 +106,7 @@ def _revoke(args: argparse.Namespace) -> int:
 
 def _days(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 3650:
-        raise argparse.ArgumentTypeError(f"{text[:16]!r} is not a number of days in 1..3650")
+        raise argparse.ArgumentTypeError(f"{quoted(text, 16)} is not a number of days in 1..3650")
     return int(text)
 
 

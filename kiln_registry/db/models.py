@@ -20,13 +20,11 @@ from typing import Final
 from sqlalchemy import CheckConstraint, Index, Integer, MetaData, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
+from kiln_registry.domain.vocabulary import TEACHER_KINDS_REMOTE_FIRST, TeacherStatus
 
 # The CHECK lists, in the order the migrations wrote them (the SQL stays byte-identical);
 # the values are ``domain.vocabulary``'s.
-TEACHER_KINDS: Final[tuple[str, ...]] = tuple(
-    kind.value for kind in (TeacherKind.remote, TeacherKind.local, TeacherKind.fixture)
-)
+TEACHER_KINDS: Final[tuple[str, ...]] = TEACHER_KINDS_REMOTE_FIRST
 TEACHER_STATUSES: Final[tuple[str, ...]] = tuple(status.value for status in TeacherStatus)
 RECEIPT_OUTCOMES: Final = ("passed", "failed")
 LEGACY_IMPORT_OUTCOMES: Final = ("imported", "refused")

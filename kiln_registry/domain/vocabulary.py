@@ -9,7 +9,15 @@ Orders are part of the contract: ``TeacherKind`` lists its members in the
 order the OpenAPI document shows them; the rows keep their own CHECK order
 (see ``db/models.py``).  ``TeacherStatus.launching`` is internal: a local
 teacher's placeholder row, published as ``unavailable``
-(``PUBLISHED_TEACHER_STATUSES`` are the ones a response can carry).
+(``# Remote first: the CLI's ``--kind`` choices and the teachers table's CHECK list.
+TEACHER_KINDS_REMOTE_FIRST: Final[tuple[str, ...]] = (
+    TeacherKind.remote.value,
+    TeacherKind.local.value,
+    TeacherKind.fixture.value,
+)
+
+
+PUBLISHED_TEACHER_STATUSES`` are the ones a response can carry).
 
 Imports the standard library only.
 """
@@ -35,6 +43,14 @@ class TeacherStatus(StrEnum):
     legacy_unverified = "legacy_unverified"
     unavailable = "unavailable"
     launching = "launching"
+
+
+# Remote first: the CLI's ``--kind`` choices and the teachers table's CHECK list.
+TEACHER_KINDS_REMOTE_FIRST: Final[tuple[str, ...]] = (
+    TeacherKind.remote.value,
+    TeacherKind.local.value,
+    TeacherKind.fixture.value,
+)
 
 
 PUBLISHED_TEACHER_STATUSES: Final[tuple[TeacherStatus, ...]] = (
