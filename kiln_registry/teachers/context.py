@@ -8,8 +8,8 @@ needs of ``local.process_groups.LocalTeachers``: the context's slot is typed
 by it, so the context never imports the launcher.
 
 Imports SQLAlchemy and httpx (types only), the configuration, identity,
-metrics and probe types, and (for type checking only) ``local.process_groups``' protocols; never the
-API layer or FastAPI.
+metrics and probe types, and (for type checking only) the protocols of
+``local.launch_spec``; never the API layer or FastAPI.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
 if TYPE_CHECKING:  # the launcher is imported only where a teacher is launched
-    from kiln_registry.local.process_groups import RunningTeacher, StatusSink
+    from kiln_registry.local.launch_spec import RunningTeacher, StatusSink
 
 
 class LocalTeacherManager(Protocol):

@@ -37,7 +37,7 @@ from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.local import student
-from kiln_registry.local.process_groups import LOOPBACK_HOST, RunningTeacher, served_model_id
+from kiln_registry.local.launch_spec import LOOPBACK_HOST, RunningTeacher, served_model_id
 from kiln_registry.teachers.context import LocalTeacherManager, TeacherServices
 from kiln_registry.teachers.probing import (
     ProbeOutcome,

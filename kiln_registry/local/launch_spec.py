@@ -1,0 +1,127 @@
+"""What one local launch is made of: the launch spec, the launcher's protocols, the child env.
+
+Owns ``LaunchSpec`` (what ``prepare`` receives), the ``Prepare`` callable and
+its default (``launcher.launch.prepare_launch``), the protocols of a prepared
+and a running teacher, how a profile becomes launcher flags (host pinned to
+loopback) and the child environment (the server's, minus credential variables
+and ``KILN_*``), and reading back the identity the launcher prepared.
+
+Pure apart from ``library_prepare``, which imports the launcher when first
+used.  Imports the standard library, ``kiln_registry.config.settings``,
+``kiln_registry.domain.errors``, the identity layer and the launcher policy;
+never FastAPI, the database, the teachers or API layers, or torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kiln_registry.config.settings import LocalTeacherConfig
+from kiln_registry.domain.errors import KilnError
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.launcher.policy import LauncherRequest
+
+LOOPBACK_HOST = "127.0.0.1"
+LAUNCHER_PREFIX = "KILN_"
+
+StatusSink = Callable[[str], None]
+
+
+def prepared_identity(fingerprint: str) -> TeacherIdentity | None:
+    """The identity of a fingerprint the launcher produced, or None if it does not decode."""
+    from kiln_registry.identity.fingerprint import verify_fingerprint
+
+    try:
+        return verify_fingerprint(fingerprint)
+    except KilnError:
+        return None
+
+
+def identity_change(expected: TeacherIdentity, found: TeacherIdentity | None) -> str:
+    """Which identity fields differ between the stored and the launcher's identity."""
+    from kiln_registry.identity.diff import mismatch_detail
+
+    if found is None:
+        return "the stored fingerprint could not be compared field by field"
+    return mismatch_detail(expected, found)
+
+
+class RunningTeacher(Protocol):
+    """A spawned teacher (the launcher's ``LaunchedTeacher``)."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    def wait_ready(self, deadline: float) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class PreparedTeacher(Protocol):
+    """A staged launch that has not spawned yet (the launcher's ``PreparedLaunch``)."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def spawn(self) -> RunningTeacher: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What ``prepare`` receives: the parsed request, the child environment, a progress hook."""
+
+    profile: str
+    request: LauncherRequest
+    environ: Mapping[str, str] = field(repr=False)
+    progress: Callable[[str, int, int], None] = field(repr=False)
+
+
+Prepare = Callable[[LaunchSpec], PreparedTeacher]
+
+
+def library_prepare(spec: LaunchSpec) -> PreparedTeacher:
+    """The real path: ``launcher.launch.prepare_launch`` (imported when first used)."""
+    from kiln_registry.launcher.launch import prepare_launch
+
+    return prepare_launch(spec.request, spec.environ, progress=spec.progress)
+
+
+def served_model_id(profile_name: str, profile: LocalTeacherConfig) -> str:
+    """The profile's ``served_model_id``, else the profile name."""
+    return profile.served_model_id or profile_name
+
+
+def launcher_argv(profile_name: str, profile: LocalTeacherConfig) -> list[str]:
+    """The ``kiln-teacher`` flags equivalent to a profile (host pinned to loopback)."""
+    argv = [
+        f"--model-path={profile.model_path}",
+        f"--snapshot-root={profile.snapshot_root}",
+        f"--cache-root={profile.cache_root}",
+        f"--served-model-id={served_model_id(profile_name, profile)}",
+        f"--max-top-k={profile.max_top_k}",
+        f"--max-model-len={profile.max_model_len}",
+    ]
+    if profile.adapter_path is not None:
+        argv.append(f"--adapter-path={profile.adapter_path}")
+    if profile.max_prompt_logprob_candidates is not None:
+        argv.append(f"--max-prompt-logprob-candidates={profile.max_prompt_logprob_candidates}")
+    if profile.max_provenance_read_mib_per_second is not None:
+        rate = profile.max_provenance_read_mib_per_second
+        argv.append(f"--max-provenance-read-mib-per-second={rate}")
+    return [*argv, "--", f"--host={LOOPBACK_HOST}", f"--port={profile.port}", *profile.vllm_args]
+
+
+def launch_environment(environ: Mapping[str, str], secret_names: frozenset[str]) -> dict[str, str]:
+    """The server's environment without credential variables and ``KILN_*``."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name not in secret_names and not name.startswith(LAUNCHER_PREFIX)
+    }
