@@ -42,7 +42,7 @@ import httpx
 from kiln_registry.credentials.origin import parse_teacher_url
 from kiln_registry.credentials.secrets import SecretHandle
 from kiln_registry.domain.errors import InputError, KilnError, ProbeFailed
-from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.parity.grade import POSITION_CLASSES, Grader
 from kiln_registry.probe.client import ProbeLimiter, probe_teacher, score_prompt
@@ -298,7 +298,7 @@ async def run_parity(
         "schema": REPORT_SCHEMA,
         "grade": graded.pop("grade"),
         "teachers": {"a": _teacher_summary(ta), "b": _teacher_summary(tb)},
-        "same_identity": ta.identity.fingerprint() == tb.identity.fingerprint(),
+        "same_identity": same_identity(ta.identity, tb.identity),
         "k": k,
         "prompt_count": options.prompts,
         "prompt_len": length,

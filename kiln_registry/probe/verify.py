@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from kiln_registry.domain.errors import FingerprintError, IdentityMismatch
 from kiln_registry.identity.diff import mismatch_detail
-from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.probe.parse import ParsedCompletion, fail, shown
 from kiln_registry.probe.row_checks import verify_rows
@@ -156,9 +156,9 @@ def verify_completion(
 ) -> RowsCheck:
     """Enforce every probe rule on ``parsed``; see the module docstring."""
     seen = identity_from_fingerprint(parsed.system_fingerprint)
-    if seen.fingerprint() != identity.fingerprint():
+    if not same_identity(seen, identity):
         fail("fingerprint_changed", "system_fingerprint differs from the teacher's identity")
-    if pinned is not None and seen.fingerprint() != pinned.fingerprint():
+    if pinned is not None and not same_identity(seen, pinned):
         fail(
             "fingerprint_pinned",
             f"system_fingerprint identity {seen.revision()} is not the pinned {pinned.revision()}"
