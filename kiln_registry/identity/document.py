@@ -1,14 +1,14 @@
 """The TeacherIdentityV1 document (docs/identity.md section 1).
 
 Owns the 14-key identity, its value rules, its canonical bytes ``J``, its
-digest and revision, and the launcher's stricter rules (served-model-id
+digest and revision, its strict reader (``from_canonical_json``), the one
+sameness check (``same_identity``), and the launcher's stricter rules (served-model-id
 pattern, adapter name, ``vllm:<version>`` with a release >= 0.20.1 read as
 Kiln's launcher reads it: ``0.20.1rc0``, ``0.20.1a0``, ``0.20.1.dev5+g...``
 and ``0.20.1-custom`` all count as 0.20.1).  A
 ``TeacherIdentity`` is validated when it is constructed, so every instance
 in the program is a valid identity.  The shared value checks (bounded text,
-hex, integer ranges) live here too and are reused by the input manifest and
-the inference config.
+hex, integer ranges) are ``identity.values`` (re-exported here).
 
 Refusals are ``IdentityError`` with ``rule="identity.<name>"`` (or
 ``bounds.<name>`` for section 6).  Imports: standard library,
@@ -20,13 +20,20 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import validate_max_candidates
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.strict_read import DuplicateKeyError, loads_strict
+from kiln_registry.identity.values import MAX_TEXT_BYTES as MAX_TEXT_BYTES
+from kiln_registry.identity.values import WHITE_SPACE as WHITE_SPACE
+from kiln_registry.identity.values import check_hex as check_hex
+from kiln_registry.identity.values import check_int as check_int
+from kiln_registry.identity.values import check_keys as check_keys
+from kiln_registry.identity.values import check_text as check_text
+from kiln_registry.identity.values import is_hex64 as is_hex64
+from kiln_registry.identity.values import show as show
 
 SCHEMA = "kiln.teacher-identity.v1"
 PROTOCOL = "vllm.prompt-logprobs.numeric-token-ids.causal.v1"
@@ -50,18 +57,11 @@ IDENTITY_KEYS: tuple[str, ...] = (
 ADAPTER_KEYS: tuple[str, ...] = ("name", "weights_sha256", "config_sha256")
 
 MAX_IDENTITY_BYTES = 4096
-MAX_TEXT_BYTES = 256
 MAX_VOCAB_SIZE = 16_777_216
 MAX_TOP_K = 65_536
 MAX_MODEL_LEN = 16_777_216
 MIN_VLLM_VERSION = "0.20.1rc0"
 
-# Unicode White_Space (what Rust's str::trim strips), and general category Cc.
-WHITE_SPACE = frozenset(
-    "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
-    + "".join(chr(c) for c in range(0x2000, 0x200B))
-)
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _SERVED_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 # Kiln's launcher (scripts/vllm_teacher.py) reads MAJOR.MINOR[.PATCH] and
 # ignores any suffix of [A-Za-z0-9.+-]: 0.20.1.dev5+g0123abc, 0.20.1a0 and
@@ -69,96 +69,6 @@ _SERVED_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?[A-Za-z0-9.+-]*")
 MIN_VLLM_RELEASE = (0, 20, 1)
 MAX_VERSION_CHARS = 512
-
-
-def show(value: object, limit: int = 60) -> str:
-    """A bounded repr for messages: untrusted values never flood a log line."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def is_hex64(value: object) -> bool:
-    """True for exactly 64 lowercase hexadecimal characters."""
-    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
-
-
-def check_hex(value: object, field: str, *, prefix: str = "identity") -> str:
-    if not isinstance(value, str) or not is_hex64(value):
-        raise IdentityError(
-            f"{field} must be 64 lowercase hex characters, got {show(value)}",
-            rule=f"{prefix}.hex",
-        )
-    return value
-
-
-def check_int(value: object, field: str, low: int, high: int, *, prefix: str = "identity") -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise IdentityError(
-            f"{field} must be a JSON integer, got {type(value).__name__}",
-            rule=f"{prefix}.integer_type",
-        )
-    if not low <= value <= high:
-        raise IdentityError(
-            f"{field} must be in {low}..={high}, got {value}", rule=f"{prefix}.integer_range"
-        )
-    return value
-
-
-def check_text(value: object, field: str, *, prefix: str = "identity") -> str:
-    """Bounded text: non-empty, <= 256 UTF-8 bytes, no edge white space, no Cc."""
-    if not isinstance(value, str):
-        raise IdentityError(
-            f"{field} must be a string, got {type(value).__name__}", rule=f"{prefix}.text_type"
-        )
-    if len(value) > MAX_TEXT_BYTES:
-        size = len(value)  # a character is at least one byte: no need to encode it all
-    else:
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise IdentityError(
-                f"{field} is not valid UTF-8 (lone surrogate)", rule=f"{prefix}.text_utf8"
-            ) from None
-    if size == 0:
-        raise IdentityError(f"{field} must not be empty", rule=f"{prefix}.text_empty")
-    if size > MAX_TEXT_BYTES:
-        raise IdentityError(
-            f"{field} is over {MAX_TEXT_BYTES} UTF-8 bytes", rule=f"{prefix}.text_too_long"
-        )
-    if value[0] in WHITE_SPACE or value[-1] in WHITE_SPACE:
-        raise IdentityError(
-            f"{field} has leading or trailing white space: {show(value)}",
-            rule=f"{prefix}.text_whitespace",
-        )
-    for ch in value:
-        if ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F:
-            raise IdentityError(
-                f"{field} contains the control character U+{ord(ch):04X}",
-                rule=f"{prefix}.text_control",
-            )
-    return value
-
-
-def check_keys(
-    obj: object, expected: tuple[str, ...], field: str, *, prefix: str
-) -> dict[str, object]:
-    """``obj`` must be a mapping with exactly ``expected`` keys (any order)."""
-    if not isinstance(obj, Mapping):
-        raise IdentityError(
-            f"{field} must be a JSON object, got {type(obj).__name__}",
-            rule=f"{prefix}.not_object",
-        )
-    keys = list(obj.keys())
-    missing = [k for k in expected if k not in obj]
-    unknown = [k for k in keys if k not in expected]
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append("missing " + ", ".join(show(k, 40) for k in missing[:5]))
-        if unknown:
-            parts.append("unknown " + ", ".join(show(k, 40) for k in unknown[:5]))
-        raise IdentityError(f"{field} keys: " + "; ".join(parts), rule=f"{prefix}.keys")
-    return {str(k): obj[k] for k in keys}
 
 
 def vllm_version_supported(version: str) -> bool:

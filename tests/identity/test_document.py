@@ -18,6 +18,7 @@ from kiln_registry.identity.document import (
     AdapterIdentity,
     TeacherIdentity,
     is_hex64,
+    same_identity,
     validate_identity,
     vllm_version_supported,
 )
@@ -162,3 +163,33 @@ def test_vllm_versions(case: dict[str, Any]) -> None:
 )  # fmt: skip
 def test_is_hex64(value: object, ok: bool) -> None:
     assert is_hex64(value) is ok
+
+
+# -- the stored-identity reader and the sameness check (issue 16) --------------------
+
+
+def test_from_canonical_json_reads_a_stored_identity_back() -> None:
+    assert TeacherIdentity.from_canonical_json(GOLDEN_J.decode()) == golden()
+    assert TeacherIdentity.from_canonical_json(GOLDEN_J) == golden()
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        (GOLDEN_J[:-1] + b',"vocab_size":1}', "identity.json"),  # a repeated key
+        (GOLDEN_J.replace(b"248320", b"NaN"), "identity.json"),  # not JSON
+        (b"\xff", "identity.json"),  # not UTF-8
+        (b" " * 4097, "identity.size"),  # over MAX_IDENTITY_BYTES, refused before parsing
+        (b'{"schema":"kiln.teacher-identity.v1"}', "identity.keys"),
+    ],
+)
+def test_from_canonical_json_is_strict(text: bytes, rule: str) -> None:
+    with pytest.raises(IdentityError) as caught:
+        TeacherIdentity.from_canonical_json(text)
+    assert caught.value.rule == rule
+
+
+def test_same_identity() -> None:
+    assert same_identity(golden(), golden())
+    assert same_identity(golden(), TeacherIdentity.from_canonical_json(GOLDEN_J))
+    assert not same_identity(golden(), golden(max_top_k=19))
