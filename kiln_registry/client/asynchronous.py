@@ -13,12 +13,9 @@ nothing happens at import time.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import httpx
 
@@ -26,15 +23,7 @@ from kiln_registry.api.jobs_schemas import JobPublic
 from kiln_registry.api.schemas import TeacherEntry
 from kiln_registry.client import base as base
 from kiln_registry.client import ops as ops
-from kiln_registry.client.base import MAX_RESULT_BYTES
 from kiln_registry.client.core import Awaiting, BoundedBody, translate_errors
-from kiln_registry.client.jobs import (
-    DownloadedCorpus,
-    ProgressCallback,
-    ResultSink,
-    Waiter,
-    check_verifiable,
-)
 
 T = TypeVar("T")
 
@@ -81,52 +70,6 @@ class AsyncRegistryClient(Awaiting):
 
     async def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobPublic]:
         return (await self.jobs_page(status=status, limit=limit)).jobs
-
-    async def wait_job(
-        self,
-        job_id: str,
-        *,
-        interval: float = 0.5,
-        timeout: float | None = None,
-        on_progress: ProgressCallback | None = None,
-    ) -> JobPublic:
-        """Poll until a terminal status; ``on_progress`` (sync or async) on each change."""
-        waiter = Waiter(job_id, interval, timeout, on_progress)
-        while True:
-            job = await self.get_job(job_id)
-            pending = waiter.observe(job)
-            if inspect.isawaitable(pending):
-                await pending
-            if waiter.finished(job):
-                return job
-            await asyncio.sleep(interval)
-
-    async def signing_keys(self) -> dict[str, Any]:
-        return await self._run(ops.signing_keys(self.base_url))
-
-    async def download_result(
-        self,
-        job_id: str,
-        output: Path,
-        *,
-        verify: bool = True,
-        keys: dict[str, Any] | None = None,
-        max_bytes: int = MAX_RESULT_BYTES,
-    ) -> DownloadedCorpus:
-        """As ``RegistryClient.download_result``; file work runs in a worker thread."""
-        path = ops.result_path(job_id)
-        if verify:
-            check_verifiable(await self.get_job(job_id))
-        if verify and keys is None:
-            keys = await self.signing_keys()
-        sink = await asyncio.to_thread(ResultSink, Path(output), max_bytes)
-        try:
-            headers = await self._stream_into(path, sink.write)
-            digest = await asyncio.to_thread(sink.check_stream, headers)
-            summary = await asyncio.to_thread(sink.verify, keys if verify else None)
-            return await asyncio.to_thread(sink.commit, digest, summary)
-        finally:
-            await asyncio.to_thread(sink.discard)
 
     # -- the one place bytes move -------------------------------------------
 

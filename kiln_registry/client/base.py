@@ -4,7 +4,8 @@ Owns ``RegistryClientError``, the checks of the base URL, alias and job id,
 the client's settings (``ClientSettings``: base URL, headers with the bearer
 token, timeout, TLS context), ``Call`` (one API operation: method, path,
 body and how its JSON answer is parsed; one constructor per operation is in
-``client_ops``), the paging guard (``Pager``),
+``client.ops``), ``Request`` (an operation of several requests), the paging
+guard (``Pager``),
 and ``interpret``, which turns a status and a bounded body into a value or a
 ``RegistryClientError``.  ``kiln_registry.client.sync`` (``RegistryClient``) and
 ``kiln_registry.client.asynchronous`` (``AsyncRegistryClient``) only move bytes.
@@ -24,7 +25,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -38,6 +39,9 @@ from kiln_registry.api.schemas import (
 from kiln_registry.client.tls import check_token, tls_context, tls_refusal, token_from_env
 from kiln_registry.domain.aliases import alias_path_segment, alias_problem
 from kiln_registry.domain.errors import InputError, KilnError
+
+if TYPE_CHECKING:
+    from kiln_registry.client.core import Awaiting, Blocking
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 60.0
@@ -196,6 +200,20 @@ class Call(Generic[T]):
     @property
     def where(self) -> str:
         return f"{self.method} {self.path.split('?')[0]}"
+
+
+class Request(Generic[T]):
+    """An operation of more than one request (wait, download): either client runs it.
+
+    ``blocking`` runs it on a ``RegistryClient``, ``awaiting`` on an
+    ``AsyncRegistryClient``; both through the client's own operations.
+    """
+
+    def blocking(self, client: Blocking) -> T:
+        raise NotImplementedError
+
+    async def awaiting(self, client: Awaiting) -> T:
+        raise NotImplementedError
 
 
 def invalid(what: str) -> RegistryClientError:

@@ -2,8 +2,10 @@
 
 ``ClientCore`` checks the constructor arguments (``ClientSettings``), opens
 the httpx client and holds the one table of API operations: each public
-operation (``health``, ``get_teacher``, ``submit_job`` ...) is an
-``Operation`` built from its constructor in ``kiln_registry.client.ops``.
+operation (``health``, ``get_teacher``, ``submit_job``, ``wait_job``,
+``download_result`` ...) is an ``Operation`` built from its constructor in
+``kiln_registry.client.ops``: a ``Call`` (one request) or a ``Request``
+(several, in ``client.jobs``) that each kind of client knows how to run.
 Read from a ``Blocking`` client (``RegistryClient``) it is a plain method
 that returns the answer; read from an ``Awaiting`` client
 (``AsyncRegistryClient``) it is a coroutine function.  Either way the
@@ -33,6 +35,7 @@ from kiln_registry.client.base import (
     MAX_RESPONSE_BYTES,
     Call,
     ClientSettings,
+    Request,
 )
 
 P = ParamSpec("P")
@@ -44,7 +47,7 @@ HttpT = TypeVar("HttpT")
 class Operation(Generic[P, T]):
     """One API operation as a method of both clients (see the module docstring)."""
 
-    def __init__(self, build: Callable[P, Call[T]]) -> None:
+    def __init__(self, build: Callable[P, Call[T] | Request[T]]) -> None:
         self.build = build
         self.__doc__ = build.__doc__
 
@@ -64,13 +67,19 @@ class Operation(Generic[P, T]):
         if isinstance(obj, Awaiting):
 
             async def awaited(*args: P.args, **kwargs: P.kwargs) -> T:
-                return await obj._run(build(*args, **kwargs))
+                request = build(*args, **kwargs)
+                if isinstance(request, Request):
+                    return await request.awaiting(obj)
+                return await obj._run(request)
 
             return functools.update_wrapper(awaited, build)
         assert isinstance(obj, Blocking)
 
         def blocking(*args: P.args, **kwargs: P.kwargs) -> T:
-            return obj._run(build(*args, **kwargs))
+            request = build(*args, **kwargs)
+            if isinstance(request, Request):
+                return request.blocking(obj)
+            return obj._run(request)
 
         return functools.update_wrapper(blocking, build)
 
@@ -149,6 +158,9 @@ class ClientCore(Generic[TransportT, HttpT]):
     get_job = Operation(ops.get_job)
     cancel_job = Operation(ops.cancel_job)
     delete_job = Operation(ops.delete_job)
+    wait_job = Operation(ops.wait_job)
+    signing_keys = Operation(ops.signing_keys)
+    download_result = Operation(ops.download_result)
 
 
 class Blocking(ClientCore[httpx.BaseTransport, httpx.Client]):
@@ -160,6 +172,9 @@ class Blocking(ClientCore[httpx.BaseTransport, httpx.Client]):
     def _run(self, op: Call[T]) -> T:
         raise NotImplementedError
 
+    def _stream_into(self, path: str, write: Callable[[bytes], None]) -> httpx.Headers:
+        raise NotImplementedError
+
 
 class Awaiting(ClientCore[httpx.AsyncBaseTransport, httpx.AsyncClient]):
     """A client whose ``_run`` is a coroutine (``AsyncRegistryClient``)."""
@@ -168,6 +183,9 @@ class Awaiting(ClientCore[httpx.AsyncBaseTransport, httpx.AsyncClient]):
         return httpx.AsyncClient(**options)
 
     async def _run(self, op: Call[T]) -> T:
+        raise NotImplementedError
+
+    async def _stream_into(self, path: str, write: Callable[[bytes], None]) -> httpx.Headers:
         raise NotImplementedError
 
 

@@ -17,13 +17,18 @@ trailer line in ``x-kiln-corpus-signature``: the sink writes it to
 ``<output>.sig`` before the corpus.  Any failure removes the partial
 files; the output is never a half-written or unverified corpus.
 
-Imports the standard library, ``client_base`` and (lazily, since it brings
+``Waiter`` and ``Download`` are the ``client.base.Request``s behind
+``wait_job`` and ``download_result``: each runs on either client.
+
+Imports the standard library, ``client.base`` and (lazily, since it brings
 numpy) ``jobs.corpus_verify``; never httpx or FastAPI.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -32,10 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln_registry.api.jobs_schemas import JobPublic
-from kiln_registry.client.base import TERMINAL, invalid
+from kiln_registry.client.base import TERMINAL, Request, invalid
 from kiln_registry.domain.errors import InputError, KilnError
 
 if TYPE_CHECKING:
+    from kiln_registry.client.core import Awaiting, Blocking
     from kiln_registry.jobs.corpus_verify import CorpusSummary
 
 ProgressCallback = Callable[[JobPublic], object]
@@ -57,8 +63,8 @@ class DownloadedCorpus:
     summary: CorpusSummary | None
 
 
-class Waiter:
-    """The decisions of ``wait``; the clients do the polling and the sleeping."""
+class Waiter(Request[JobPublic]):
+    """``wait_job``: polls until a terminal status, calling back on each change."""
 
     def __init__(
         self,
@@ -97,6 +103,24 @@ class Waiter:
                 hint="wait again, or cancel it with `kiln jobs cancel`",
             )
         return False
+
+    def blocking(self, client: Blocking) -> JobPublic:
+        while True:
+            job = client.get_job(self.job_id)
+            self.observe(job)
+            if self.finished(job):
+                return job
+            time.sleep(self.interval)
+
+    async def awaiting(self, client: Awaiting) -> JobPublic:
+        while True:
+            job = await client.get_job(self.job_id)
+            pending = self.observe(job)
+            if inspect.isawaitable(pending):
+                await pending
+            if self.finished(job):
+                return job
+            await asyncio.sleep(self.interval)
 
 
 VERIFIABLE_KINDS = ("teacher_scoring", "off_policy_generation")
@@ -188,6 +212,52 @@ class ResultSink:
         self._handle.close()
         self.partial.unlink(missing_ok=True)
         self._sig(self.partial).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Download(Request[DownloadedCorpus]):
+    """``download_result``: the job checked, the keys fetched, the corpus streamed and verified.
+
+    The async client runs the file work (open, hash check, verification,
+    rename) in a worker thread so its event loop keeps running.
+    """
+
+    job_id: str
+    path: str
+    output: Path
+    verify: bool
+    keys: dict[str, Any] | None
+    max_bytes: int
+
+    def blocking(self, client: Blocking) -> DownloadedCorpus:
+        keys = self.keys
+        if self.verify:
+            check_verifiable(client.get_job(self.job_id))
+        if self.verify and keys is None:
+            keys = client.signing_keys()
+        sink = ResultSink(self.output, self.max_bytes)
+        try:
+            headers = client._stream_into(self.path, sink.write)
+            digest = sink.check_stream(headers)
+            summary = sink.verify(keys if self.verify else None)
+            return sink.commit(digest, summary)
+        finally:
+            sink.discard()
+
+    async def awaiting(self, client: Awaiting) -> DownloadedCorpus:
+        keys = self.keys
+        if self.verify:
+            check_verifiable(await client.get_job(self.job_id))
+        if self.verify and keys is None:
+            keys = await client.signing_keys()
+        sink = await asyncio.to_thread(ResultSink, self.output, self.max_bytes)
+        try:
+            headers = await client._stream_into(self.path, sink.write)
+            digest = await asyncio.to_thread(sink.check_stream, headers)
+            summary = await asyncio.to_thread(sink.verify, keys if self.verify else None)
+            return await asyncio.to_thread(sink.commit, digest, summary)
+        finally:
+            await asyncio.to_thread(sink.discard)
 
 
 def _fsync_file(path: Path) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -34,8 +35,20 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
-from kiln_registry.client.base import Call, alias_path, call, check_limit, job_id_path
+from kiln_registry.client.base import (
+    MAX_RESULT_BYTES,
+    Call,
+    Request,
+    alias_path,
+    call,
+    check_limit,
+    job_id_path,
+)
+from kiln_registry.client.jobs import Download, ProgressCallback, Waiter
 from kiln_registry.domain.errors import InputError
+
+if TYPE_CHECKING:
+    from kiln_registry.client.core import Awaiting, Blocking
 
 
 def _query(**params: object) -> str:
@@ -174,7 +187,7 @@ def delete_job(job_id: str) -> Call[DeleteJobResponse]:
     return call("DELETE", f"/v1/jobs/{job_id_path(job_id)}", DeleteJobResponse)
 
 
-def signing_keys(base_url: str) -> Call[dict[str, Any]]:
+def keys_call(base_url: str) -> Call[dict[str, Any]]:
     """``GET /v1/keys`` parsed strictly into ``{key_id: PublicKey}`` (``jobs.signing``)."""
 
     def parse(data: Any) -> dict[str, Any]:
@@ -183,6 +196,50 @@ def signing_keys(base_url: str) -> Call[dict[str, Any]]:
         return dict(parse_keys(data, f"{base_url}/v1/keys"))
 
     return Call("GET", "/v1/keys", parse)
+
+
+class _SigningKeys(Request[dict[str, Any]]):
+    def blocking(self, client: Blocking) -> dict[str, Any]:
+        return client._run(keys_call(client.base_url))
+
+    async def awaiting(self, client: Awaiting) -> dict[str, Any]:
+        return await client._run(keys_call(client.base_url))
+
+
+def signing_keys() -> Request[dict[str, Any]]:
+    """The registry's corpus-signing public keys by key id (``GET /v1/keys``)."""
+    return _SigningKeys()
+
+
+def wait_job(
+    job_id: str,
+    *,
+    interval: float = 0.5,
+    timeout: float | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> Waiter:
+    """Poll until the job succeeded, failed or was cancelled; ``on_progress`` on changes.
+
+    ``on_progress`` may be a coroutine function on ``AsyncRegistryClient``.
+    """
+    return Waiter(job_id, interval, timeout, on_progress)
+
+
+def download_result(
+    job_id: str,
+    output: Path,
+    *,
+    verify: bool = True,
+    keys: dict[str, Any] | None = None,
+    max_bytes: int = MAX_RESULT_BYTES,
+) -> Download:
+    """Stream the job's corpus into ``output`` (parents created), verified, atomically.
+
+    With ``verify`` (the default) the corpus is checked against ``keys``
+    (default: this registry's ``GET /v1/keys``) before it is renamed into
+    place; a corpus that fails is never left at ``output``.
+    """
+    return Download(job_id, result_path(job_id), Path(output), verify, keys, max_bytes)
 
 
 def result_path(job_id: str) -> str:

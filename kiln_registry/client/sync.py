@@ -25,11 +25,9 @@ launcher.  Nothing happens at import time.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, ClassVar, TypeVar
+from typing import BinaryIO, ClassVar, TypeVar
 
 import httpx
 
@@ -42,19 +40,12 @@ from kiln_registry.client.base import (
     DEFAULT_TIMEOUT_S,
     MAX_RECEIPTS,
     MAX_RESPONSE_BYTES,
-    MAX_RESULT_BYTES,
     RegistryClientError,
     alias_path,
     check_base_url,
 )
 from kiln_registry.client.core import Blocking, BoundedBody, translate_errors
-from kiln_registry.client.jobs import (
-    DownloadedCorpus,
-    ProgressCallback,
-    ResultSink,
-    Waiter,
-    check_verifiable,
-)
+from kiln_registry.client.jobs import DownloadedCorpus
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -74,9 +65,9 @@ T = TypeVar("T")
 class RegistryClient(Blocking):
     """``with RegistryClient("http://127.0.0.1:8420") as client: client.list_teachers()``.
 
-    The operations one request answers (``health``, ``get_teacher``,
-    ``submit_job`` ...) come from ``client.core``'s table; the methods here
-    page, wait and stream.
+    The operations (``health``, ``get_teacher``, ``submit_job``,
+    ``wait_job``, ``download_result`` ...) come from ``client.core``'s table;
+    the methods here page and stream.
     """
 
     _label: ClassVar[str] = "RegistryClient"
@@ -120,56 +111,6 @@ class RegistryClient(Blocking):
     def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[JobPublic]:
         """The newest ``limit`` jobs (of ``status``): the first page."""
         return self.jobs_page(status=status, limit=limit).jobs
-
-    def wait_job(
-        self,
-        job_id: str,
-        *,
-        interval: float = 0.5,
-        timeout: float | None = None,
-        on_progress: ProgressCallback | None = None,
-    ) -> JobPublic:
-        """Poll until the job succeeded, failed or was cancelled; ``on_progress`` on changes."""
-        waiter = Waiter(job_id, interval, timeout, on_progress)
-        while True:
-            job = self.get_job(job_id)
-            waiter.observe(job)
-            if waiter.finished(job):
-                return job
-            time.sleep(interval)
-
-    def signing_keys(self) -> dict[str, Any]:
-        """The registry's corpus-signing public keys by key id (``GET /v1/keys``)."""
-        return self._run(ops.signing_keys(self.base_url))
-
-    def download_result(
-        self,
-        job_id: str,
-        output: Path,
-        *,
-        verify: bool = True,
-        keys: dict[str, Any] | None = None,
-        max_bytes: int = MAX_RESULT_BYTES,
-    ) -> DownloadedCorpus:
-        """Stream the job's corpus into ``output`` (parents created), verified, atomically.
-
-        With ``verify`` (the default) the corpus is checked against ``keys``
-        (default: this registry's ``GET /v1/keys``) before it is renamed into
-        place; a corpus that fails is never left at ``output``.
-        """
-        path = ops.result_path(job_id)
-        if verify:
-            check_verifiable(self.get_job(job_id))
-        if verify and keys is None:
-            keys = self.signing_keys()
-        sink = ResultSink(Path(output), max_bytes)
-        try:
-            headers = self._stream_into(path, sink.write)
-            digest = sink.check_stream(headers)
-            summary = sink.verify(keys if verify else None)
-            return sink.commit(digest, summary)
-        finally:
-            sink.discard()
 
     def stream_result(self, job_id: str, sink: BinaryIO) -> int:
         """Copy the job's corpus into ``sink`` unverified; the bytes written."""
