@@ -226,16 +226,10 @@ async def generate(
     on_retry: Callable[[], None] = lambda: None,
 ) -> Generated:
     """Generate for one prompt, retrying only connection failures and 503."""
-    answer = await send_with_retries(
-        target.wire,
-        generation_request(target.model_id, prompt, target.settings),
-        secret=target.secret,
-        timeout_s=target.timeout_s,
-        limit=generation_body_limit(len(prompt), target.settings),
-        what="generation request",
-        on_request=on_request,
-        on_retry=on_retry,
-    )
+    payload = generation_request(target.model_id, prompt, target.settings)
+    limit = generation_body_limit(len(prompt), target.settings)
+    hooks = (on_request, on_retry)
+    answer = await send_with_retries(target, payload, limit, "generation request", hooks)
     with withholding_response_text(answer.authenticated):
         return parse_generation(
             answer.body, model_id=target.model_id, prompt_len=len(prompt),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -105,24 +105,33 @@ def verify_scores(target: ScoringTarget, prompt: list[int], body: bytes) -> Scor
     )
 
 
+class Endpoint(Protocol):
+    """What a retried request needs of its target (``ScoringTarget``, ``GenerationTarget``)."""
+
+    @property
+    def wire(self) -> TeacherTransport: ...
+
+    @property
+    def secret(self) -> SecretSource | None: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+
+Hooks = tuple[Callable[[], None], Callable[[], None]]  # (on_request, on_retry)
+
+
 async def send_with_retries(
-    transport: TeacherTransport,
-    payload: dict[str, object],
-    *,
-    secret: SecretSource | None,
-    timeout_s: float,
-    limit: int,
-    what: str,
-    on_request: Callable[[], None],
-    on_retry: Callable[[], None],
+    target: Endpoint, payload: dict[str, object], limit: int, what: str, hooks: Hooks
 ) -> Exchange:
     """A 200 answer to ``payload``, retrying connection failures and 503 with backoff."""
+    on_request, on_retry = hooks
     for attempt in range(MAX_ATTEMPTS):
         last = attempt == MAX_ATTEMPTS - 1
         on_request()
         try:
-            answer = await transport.exchange(
-                payload, secret=secret, timeout_s=timeout_s, limit=limit
+            answer = await target.wire.exchange(
+                payload, secret=target.secret, timeout_s=target.timeout_s, limit=limit
             )
         except ProbeFailed as exc:
             if exc.rule not in RETRYABLE_RULES or last:
@@ -146,14 +155,8 @@ async def score_sequence(
 ) -> ScoredSequence:
     """Score one planned sequence; see the module docstring for the retry rule."""
     prompt = probe_prompt(tokens)
-    answer = await send_with_retries(
-        target.wire,
-        completion_request(target.model_id, prompt, target.k),
-        secret=target.secret,
-        timeout_s=target.timeout_s,
-        limit=response_body_limit(len(prompt), target.k),
-        what="scoring request",
-        on_request=on_request,
-        on_retry=on_retry,
-    )
+    payload = completion_request(target.model_id, prompt, target.k)
+    limit = response_body_limit(len(prompt), target.k)
+    hooks = (on_request, on_retry)
+    answer = await send_with_retries(target, payload, limit, "scoring request", hooks)
     return verify_scores(target, prompt, answer.body)

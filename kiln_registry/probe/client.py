@@ -114,6 +114,10 @@ class _Recorder:
     def add(self, attempt: ProbeAttempt) -> None:
         self.report = replace(self.report, attempts=(*self.report.attempts, attempt))
 
+    def update(self, attempt: ProbeAttempt) -> None:
+        """Replace the latest attempt with what is now known of it."""
+        self.report = replace(self.report, attempts=(*self.report.attempts[:-1], attempt))
+
     def finish(self, identity: TeacherIdentity | None, error: KilnError | None) -> ProbeReport:
         self.report = replace(
             self.report,
@@ -145,6 +149,41 @@ class _Target:
         )
 
 
+def _checked(
+    t: _Target,
+    ex: Exchange,
+    request: tuple[Sequence[int], int],
+    identity: TeacherIdentity | None,
+    pinned: TeacherIdentity | None,
+    student: StudentView | None,
+) -> RowsCheck:
+    """Parse and verify a 200 answer to (prompt, K); ``identity`` None = take the response's."""
+    prompt, k = request
+    known = identity or pinned
+    vocab = known.vocab_size if known else MAX_VOCAB_SIZE
+    budget = known.max_prompt_logprob_candidates if known else MAX_CANDIDATES
+    with withholding_response_text(ex.authenticated):
+        parsed = parse_completion_fast(
+            ex.body,
+            expected_prompt_len=len(prompt),
+            k=k,
+            vocab_size=vocab,
+            # the smaller of the identity's budget and what this request can produce
+            max_candidates=allocation_bound(budget, prompt_len=len(prompt), k=k, vocab_size=vocab),
+        )
+        if identity is None:
+            identity = identity_from_fingerprint(parsed.system_fingerprint)
+        return verify_completion(
+            parsed,
+            request_model=t.model_id,
+            prompt=prompt,
+            k=k,
+            identity=identity,
+            pinned=pinned,
+            student=student,
+        )
+
+
 async def _scored(
     t: _Target,
     rec: _Recorder,
@@ -162,41 +201,20 @@ async def _scored(
     attempt = replace(
         attempt, status_code=ex.status, elapsed_ms=ex.elapsed_ms, bytes_read=len(ex.body)
     )
-    rec.report = replace(rec.report, attempts=(*rec.report.attempts[:-1], attempt))
+    rec.update(attempt)
     if ex.status != 200:
         raise status_failure(ex, f"{purpose} probe (K={k})")
-    known = identity or pinned
-    vocab = known.vocab_size if known else MAX_VOCAB_SIZE
-    budget = known.max_prompt_logprob_candidates if known else MAX_CANDIDATES
-    with withholding_response_text(ex.authenticated):
-        parsed = parse_completion_fast(
-            ex.body,
-            expected_prompt_len=len(prompt),
-            k=k,
-            vocab_size=vocab,
-            # the smaller of the identity's budget and what this request can produce
-            max_candidates=allocation_bound(budget, prompt_len=len(prompt), k=k, vocab_size=vocab),
+    check = _checked(t, ex, (prompt, k), identity, pinned, student)
+    rec.update(
+        replace(
+            attempt,
+            fingerprint=check.fingerprint,
+            identity_digest=check.identity.digest(),
+            min_row_width=check.min_row_width,
+            max_row_width=check.max_row_width,
+            candidate_count=check.candidate_count,
         )
-        if identity is None:
-            identity = identity_from_fingerprint(parsed.system_fingerprint)
-        check = verify_completion(
-            parsed,
-            request_model=t.model_id,
-            prompt=prompt,
-            k=k,
-            identity=identity,
-            pinned=pinned,
-            student=student,
-        )
-    attempt = replace(
-        attempt,
-        fingerprint=check.fingerprint,
-        identity_digest=check.identity.digest(),
-        min_row_width=check.min_row_width,
-        max_row_width=check.max_row_width,
-        candidate_count=check.candidate_count,
     )
-    rec.report = replace(rec.report, attempts=(*rec.report.attempts[:-1], attempt))
     return check
 
 

@@ -2,7 +2,7 @@
 
 Implements ``probe.transport.TeacherTransport`` for the probes (registration,
 re-probe, job start, parity): a streamed POST, no redirects followed, httpx's
-own timeouts under ``timed_exchange``'s overall deadline, the head checked by
+own timeouts under the protocol's overall deadline (``exchange``), the head checked by
 ``check_head`` and the body read up to ``body_cap``.  TLS trust is the
 injected client's (the registry builds it with ``teacher_tls_context``).
 Every failure below HTTP goes through ``transport_failure``.
@@ -16,14 +16,12 @@ from __future__ import annotations
 import httpx
 
 from kiln_registry.probe.transport import (
-    Exchange,
-    Progress,
-    SecretSource,
+    Request,
+    TeacherTransport,
     body_cap,
     check_head,
     origin_of,
     refuse_oversized,
-    timed_exchange,
     transport_failure,
 )
 
@@ -41,7 +39,7 @@ async def read_bounded(response: httpx.Response, limit: int) -> bytes:
     return bytes(body)
 
 
-class HttpxTransport:
+class HttpxTransport(TeacherTransport):
     """POSTs to one teacher URL through a shared, injected ``httpx.AsyncClient``."""
 
     def __init__(self, http: httpx.AsyncClient, url: str) -> None:
@@ -53,41 +51,28 @@ class HttpxTransport:
     def url(self) -> str:
         return self._url
 
-    async def exchange(
-        self,
-        payload: dict[str, object],
-        *,
-        secret: SecretSource | None,
-        timeout_s: float,
-        limit: int,
-    ) -> Exchange:
-        """POST ``payload`` and read the bounded body before one overall deadline."""
+    @property
+    def origin(self) -> str:
+        return self._origin
 
-        async def send(
-            content: bytes, headers: dict[str, str], progress: Progress
-        ) -> tuple[int, bytes]:
-            try:
-                async with self._http.stream(
-                    "POST",
-                    self._url,
-                    content=content,
-                    headers=headers,
-                    timeout=httpx.Timeout(timeout_s),
-                    follow_redirects=False,
-                ) as response:
-                    progress.got_head = True
-                    check_head(
-                        response.status_code,
-                        response.headers.get("content-encoding"),
-                        response.headers.get("content-length"),
-                        limit,
-                    )
-                    return response.status_code, await read_bounded(response, limit)
-            except httpx.HTTPError as exc:
-                raise transport_failure(
-                    exc, origin=self._origin, got_head=progress.got_head
-                ) from exc
-
-        return await timed_exchange(
-            send, payload, origin=self._origin, secret=secret, timeout_s=timeout_s
-        )
+    async def send(self, request: Request) -> tuple[int, bytes]:
+        """One streamed POST: the head checked, the body read up to ``body_cap``."""
+        try:
+            async with self._http.stream(
+                "POST",
+                self._url,
+                content=request.content,
+                headers=request.headers,
+                timeout=httpx.Timeout(request.timeout_s),
+                follow_redirects=False,
+            ) as response:
+                request.got_head = True
+                check_head(
+                    response.status_code,
+                    response.headers.get("content-encoding"),
+                    response.headers.get("content-length"),
+                    request.limit,
+                )
+                return response.status_code, await read_bounded(response, request.limit)
+        except httpx.HTTPError as exc:
+            raise transport_failure(exc, origin=self._origin, got_head=request.got_head) from exc

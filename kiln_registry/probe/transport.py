@@ -6,7 +6,8 @@ keep-alive client (h11, ``probe.wire``) cannot drift apart:
 
 * ``TeacherTransport``: POST a JSON payload to one teacher URL and return an
   ``Exchange`` (status, bounded body, elapsed time, whether a credential was
-  sent) before one overall deadline (``timed_exchange``);
+  sent) before one overall deadline: implementations subclass it and supply
+  ``send``, the protocol's own ``exchange`` prepares, times and bounds it;
 * the request: compact JSON, ``request_headers`` (JSON in and out, identity
   encoding only, the bearer value read from a ``SecretSource`` just before
   the request and never kept);
@@ -23,9 +24,10 @@ keep-alive client (h11, ``probe.wire``) cannot drift apart:
   it, ``probe.transport`` for a request that cannot be framed.
 
 Messages name exception types, a side request's name and at most 40
-characters of a Content-Encoding; never a body or a request header.  Imports the standard library, h11, httpx (its
-exception types), ``kiln_registry.domain`` (errors, text) and ``probe.parse`` /
-``probe.exposure``; no database or FastAPI; nothing happens at import time.
+characters of a Content-Encoding; never a body or a request header.  Imports
+the standard library, h11, httpx (its exception types), ``kiln_registry.domain``
+(errors, text) and ``probe.parse``/``probe.exposure``; no database or FastAPI;
+nothing happens at import time.
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -64,24 +65,6 @@ class Exchange:
     body: bytes
     elapsed_ms: float
     authenticated: bool
-
-
-class TeacherTransport(Protocol):
-    """POSTs of Kiln's JSON requests to one teacher URL, under this module's rules."""
-
-    @property
-    def url(self) -> str: ...
-
-    async def exchange(
-        self,
-        payload: dict[str, object],
-        *,
-        secret: SecretSource | None,
-        timeout_s: float,
-        limit: int,
-    ) -> Exchange:
-        """POST ``payload``; the bounded answer, or ``ProbeFailed`` from ``transport_failure``."""
-        ...
 
 
 def teacher_tls_context(ca_file: Path | None) -> ssl.SSLContext:
@@ -130,35 +113,56 @@ def refuse_oversized(status: int, limit: int) -> None:
 
 
 @dataclass(slots=True)
-class Progress:
-    """How far one exchange got: whether a response head arrived (set by the sender)."""
+class Request:
+    """One prepared POST: the JSON bytes, the headers, its bounds, and how far it got."""
 
-    got_head: bool = False
+    content: bytes
+    headers: dict[str, str] = field(repr=False)  # may hold the bearer value
+    limit: int
+    timeout_s: float
+    got_head: bool = False  # set by ``send`` once a response head arrived
 
 
-# (body bytes, request headers, progress) -> (status, bounded body)
-Sender = Callable[[bytes, dict[str, str], Progress], Awaitable[tuple[int, bytes]]]
+class TeacherTransport(Protocol):
+    """POSTs of Kiln's JSON requests to one teacher URL, under this module's rules.
 
+    An implementation subclasses this protocol and provides ``url``, ``origin``
+    and ``send``; ``exchange`` is shared: it prepares the request, runs
+    ``send`` before one overall deadline, and times it.
+    """
 
-async def timed_exchange(
-    send: Sender,
-    payload: dict[str, object],
-    *,
-    origin: str,
-    secret: SecretSource | None,
-    timeout_s: float,
-) -> Exchange:
-    """Run one ``send`` of ``payload`` before one overall deadline; time and record it."""
-    content = json.dumps(payload, separators=(",", ":")).encode()
-    progress = Progress()
-    start = time.perf_counter()
-    try:
-        async with asyncio.timeout(timeout_s):
-            status, body = await send(content, request_headers(secret), progress)
-    except TimeoutError as exc:
-        raise transport_failure(exc, origin=origin, got_head=progress.got_head) from None
-    elapsed = (time.perf_counter() - start) * 1000.0
-    return Exchange(status, body, elapsed, secret is not None)
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def origin(self) -> str:
+        """``scheme://authority``, as messages name the teacher."""
+        ...
+
+    async def send(self, request: Request) -> tuple[int, bytes]:
+        """POST ``request`` once: (status, body read up to ``body_cap``), or ``ProbeFailed``."""
+        ...
+
+    async def exchange(
+        self,
+        payload: dict[str, object],
+        *,
+        secret: SecretSource | None,
+        timeout_s: float,
+        limit: int,
+    ) -> Exchange:
+        """POST ``payload``; the bounded answer, or ``ProbeFailed`` from ``transport_failure``."""
+        content = json.dumps(payload, separators=(",", ":")).encode()
+        request = Request(content, request_headers(secret), limit, timeout_s)
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout_s):
+                status, body = await self.send(request)
+        except TimeoutError as exc:
+            failure = transport_failure(exc, origin=self.origin, got_head=request.got_head)
+            raise failure from None
+        elapsed = (time.perf_counter() - start) * 1000.0
+        return Exchange(status, body, elapsed, secret is not None)
 
 
 def untrusted_certificate(origin: str, cert: ssl.SSLCertVerificationError) -> ProbeFailed:

@@ -11,8 +11,8 @@ Deliberately narrow: POST only, one origin (``http``, or ``https`` verified
 with the caller's ``ssl.SSLContext`` from ``teacher_tls_context``), no
 proxies, no redirects followed, no content codings, no HTTP/2.  It implements
 ``probe.transport.TeacherTransport``: the same request, head and body rules
-as the probe client (``check_head``, ``body_cap``, one overall deadline in
-``timed_exchange``), and every failure below HTTP goes through
+as the probe client (``check_head``, ``body_cap``, the protocol's one overall
+deadline in ``exchange``), and every failure below HTTP goes through
 ``transport_failure``.  The overall deadline always reads as a failure before
 the head (``probe.unreachable``), as the lean client has always reported it.
 A pooled connection the teacher has meanwhile closed is detected when it
@@ -37,13 +37,11 @@ import h11
 
 from kiln_registry.probe.parse import fail
 from kiln_registry.probe.transport import (
-    Exchange,
-    Progress,
-    SecretSource,
+    Request,
+    TeacherTransport,
     body_cap,
     check_head,
     refuse_oversized,
-    timed_exchange,
     transport_failure,
 )
 
@@ -114,7 +112,7 @@ class _Connection:
         return False
 
 
-class TeacherWire:
+class TeacherWire(TeacherTransport):
     """Keep-alive POSTs to one teacher URL; ``async with`` closes the idle connections."""
 
     def __init__(self, url: str, *, tls: ssl.SSLContext | None, max_idle: int) -> None:
@@ -147,26 +145,13 @@ class TeacherWire:
             conn.close()
         await asyncio.sleep(0)  # let the transports finish closing their sockets
 
-    async def exchange(
-        self,
-        payload: dict[str, object],
-        *,
-        secret: SecretSource | None,
-        timeout_s: float,
-        limit: int,
-    ) -> Exchange:
-        """POST ``payload`` (``TeacherTransport.exchange``)."""
+    async def send(self, request: Request) -> tuple[int, bytes]:
+        """POST on a pooled or fresh connection (``TeacherTransport.send``).
 
-        async def send(
-            content: bytes, headers: dict[str, str], progress: Progress
-        ) -> tuple[int, bytes]:
-            # ``progress`` stays unset: the deadline reads as probe.unreachable (docstring).
-            head = [*headers.items(), ("content-length", str(len(content)))]
-            return await self._post(content, head, limit)
-
-        return await timed_exchange(
-            send, payload, origin=self.origin, secret=secret, timeout_s=timeout_s
-        )
+        ``request.got_head`` stays unset: the deadline reads as probe.unreachable.
+        """
+        head = [*request.headers.items(), ("content-length", str(len(request.content)))]
+        return await self._post(request.content, head, request.limit)
 
     async def _post(
         self, content: bytes, head: Sequence[tuple[str, str]], limit: int
