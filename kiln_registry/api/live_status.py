@@ -20,7 +20,7 @@ Split for the cached ``GET`` path (``api.entry_cache``):
   beside the cached body and run at every read.
 
 Imports the configuration, credential and probe layers, ``local.student``
-(pure) and the row type; never FastAPI, a session or a socket.
+(pure), the row type and the domain vocabulary; never FastAPI, a session or a socket.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from kiln_registry.credentials.resolve import resolve_teacher_endpoint
 from kiln_registry.credentials.secrets import secret_problem
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.domain.errors import RELEASE_NOTE, KilnError
+from kiln_registry.domain.vocabulary import TeacherKind
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local.student import adapter_problem
 from kiln_registry.probe.verify import StudentView, check_student
@@ -108,10 +109,10 @@ def assess(
     config: KilnConfig, student: StudentView, row: TeacherRow, identity: TeacherIdentity
 ) -> tuple[str | None, ReadChecks]:
     """``(fixed problem or None, per-read checks)`` of a verified row with an identity."""
-    if row.kind == "remote":
+    if row.kind == TeacherKind.remote:
         problem, checks = _credential_problem(config, row)
         return problem or _student_problem(identity, student), checks
     problem = _student_problem(identity, student)
-    if row.kind == "local" and row.launch_profile is None and row.adapter is not None:
+    if row.kind == TeacherKind.local and row.launch_profile is None and row.adapter is not None:
         return problem, ReadChecks(adapter=row.adapter)  # Kiln's shape: the student's adapter
     return problem, NO_CHECKS

@@ -27,6 +27,7 @@ from kiln_registry.auth.tokens import (
 )
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.domain.errors import InputError, KilnError
+from kiln_registry.domain.text import quoted
 
 MAX_TOKENS: Final = 1000
 MAX_AUDIT_LIMIT: Final = 1000
@@ -95,7 +96,7 @@ class TokenRepository:
     def revoke(self, name: str) -> None:
         result = self._session.execute(delete(TokenRow).where(TokenRow.name == name))
         if cast("CursorResult[Any]", result).rowcount == 0:
-            raise TokenNotFound(f"no token named {name[:64]!r}", hint="see `kiln tokens list`")
+            raise TokenNotFound(f"no token named {quoted(name, 64)}", hint="see `kiln tokens list`")
 
     def touch(self, used: dict[str, str]) -> None:
         """Record last-used times (a batch, at most one write per token a minute)."""

@@ -6,7 +6,7 @@ variable must be usable now; without one, the URL must be an exact loopback
 URL and the registry server itself must be bound to loopback.  The result
 carries a ``SecretHandle`` (a variable name), never a secret value.
 
-Imports: standard library, ``kiln_registry.domain.errors`` and the sibling
+Imports: standard library, ``kiln_registry.domain`` (errors, text) and the sibling
 credential modules; never ``kiln_registry.config.settings`` (credentials are passed
 in as anything with ``origin`` and ``api_key_env``), httpx, the database or
 FastAPI.
@@ -21,8 +21,7 @@ from typing import Protocol
 from kiln_registry.credentials.origin import TeacherEndpoint, is_loopback_host, parse_teacher_url
 from kiln_registry.credentials.secrets import SecretHandle
 from kiln_registry.domain.errors import CredentialError, RegistrationInvalid
-
-_MAX_SHOWN_ID = 64
+from kiln_registry.domain.text import shown
 
 
 class CredentialSpec(Protocol):
@@ -43,12 +42,6 @@ class ResolvedTeacher:
     secret: SecretHandle | None
 
 
-def _shown(credential_id: str) -> str:
-    if len(credential_id) > _MAX_SHOWN_ID:
-        return repr(credential_id[:_MAX_SHOWN_ID] + "...")
-    return repr(credential_id)
-
-
 def _credential_handle(
     endpoint: TeacherEndpoint,
     credential_id: str,
@@ -59,7 +52,7 @@ def _credential_handle(
     if spec is None:
         known = ", ".join(sorted(credentials)) or "none"
         raise CredentialError(
-            f"unknown credential id {_shown(credential_id)} (configured: {known})",
+            f"unknown credential id {shown(credential_id)} (configured: {known})",
             rule="credential.unknown",
             hint="add [teachers.credentials.<id>] to kiln.toml or use a configured id",
         )

@@ -20,7 +20,7 @@ conversion never reads that column, and ``LegacyEntry`` has no such field.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.domain.aliases``,
 ``kiln_registry.db.models``, ``kiln_registry.db.repository`` and
-``kiln_registry.domain.errors`` only; never the
+``kiln_registry.domain`` (errors, text) only; never the
 API, the engine module or Alembic.
 """
 
@@ -37,6 +37,7 @@ from kiln_registry.db.models import TEACHER_KINDS, TeacherRow
 from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
 from kiln_registry.domain.aliases import alias_problem
 from kiln_registry.domain.errors import ConfigError
+from kiln_registry.domain.text import DOTS, SHOWN_CHARS, clipped
 
 LEGACY_BASE_REVISION: Final = "0000_legacy_base"
 MAX_LEGACY_ROWS: Final = 10_000
@@ -60,7 +61,6 @@ LEGACY_V0_TABLE_INFO: Final = (
 )
 _LEGACY_OBJECTS: Final = (("index", "sqlite_autoindex_teachers_1"), ("table", "teachers"))
 _MAX_OBJECTS: Final = 16
-_SHOWN_CHARS: Final = 64
 
 
 # An imported entry without an authoritative identity (and without api_key_env).
@@ -95,8 +95,7 @@ class LegacyEntry:
 
 
 def _shown(value: object) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= _SHOWN_CHARS else shown[: _SHOWN_CHARS - 3] + "..."
+    return clipped(repr(value), SHOWN_CHARS, DOTS)
 
 
 def is_legacy_v0(conn: Connection) -> bool:

@@ -12,7 +12,8 @@ Owns the two JSON primitives every identity layout is built on:
 
 Every refusal is an ``IdentityError`` whose ``rule`` is ``json.<name>`` and
 whose message names ``what`` was being read.  Imports: standard library,
-``kiln_registry.domain.errors`` and ``identity.strict_read`` (the duplicate-key hook) only.
+``kiln_registry.domain`` (errors, text) and ``identity.strict_read`` (the duplicate-key hook)
+only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 from collections.abc import Iterator
 
 from kiln_registry.domain.errors import IdentityError
+from kiln_registry.domain.text import quoted
 from kiln_registry.identity.strict_read import DuplicateKeyError, unique_object
 
 JSON_RULES: tuple[str, ...] = (
@@ -60,7 +62,7 @@ def _refuse_nan_literal(name: str) -> object:
 def _finite_float(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):
-        raise _Refusal("json.non_finite", f"the number {text[:40]!r} overflows to infinity")
+        raise _Refusal("json.non_finite", f"the number {quoted(text, 40)} overflows to infinity")
     return number
 
 
@@ -135,7 +137,7 @@ def strict_json_loads(data: bytes | str, *, what: str, max_bytes: int) -> object
         raise IdentityError(f"{what}: {exc.detail}", rule=exc.rule) from None
     except DuplicateKeyError as exc:
         raise IdentityError(
-            f"{what}: duplicate key {exc.key[:80]!r}", rule="json.duplicate_key"
+            f"{what}: duplicate key {quoted(exc.key, 80)}", rule="json.duplicate_key"
         ) from None
     except json.JSONDecodeError as exc:
         rule = "json.trailing_data" if exc.msg == "Extra data" else "json.syntax"

@@ -10,7 +10,7 @@ turns a ``FileProblem`` into that caller's ``KilnError`` (its own message, rule
 and hint), so every caller keeps its wording.  ``check`` runs on the open file's
 stat before any byte is read (ownership, mode, a read-rate budget).
 
-Imports only the standard library and ``kiln_registry.domain.errors``; no sockets,
+Imports only the standard library and ``kiln_registry.domain`` (errors, text); no sockets,
 subprocesses or database (the identity layer's rule).
 """
 
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kiln_registry.domain.errors import KilnError
+from kiln_registry.domain.text import quoted
 
 _CHUNK = 1024 * 1024
 
@@ -120,7 +121,7 @@ class DuplicateKeyError(ValueError):
     """A JSON object repeats ``key``."""
 
     def __init__(self, key: str) -> None:
-        super().__init__(f"duplicate key {key[:40]!r}")
+        super().__init__(f"duplicate key {quoted(key, 40)}")
         self.key = key
 
 

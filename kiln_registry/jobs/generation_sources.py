@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kiln_registry.domain.errors import JobInvalid
+from kiln_registry.domain.text import quoted
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.strict_read import loads_strict
 from kiln_registry.jobs.sources import (
@@ -133,7 +134,7 @@ def check_messages(value: object, where: str) -> list[dict[str, str]]:
             raise _invalid(at, "message_keys", 'a message is exactly {"role", "content"}')
         role, content = message["role"], message["content"]
         if role not in ROLES:
-            raise _invalid(at, "message_role", f"role {str(role)[:40]!r} is not one of"
+            raise _invalid(at, "message_role", f"role {quoted(role, 40)} is not one of"
                            f" {', '.join(ROLES)}")  # fmt: skip
         if not isinstance(content, str):
             raise _invalid(at, "message_content", "content must be a string")

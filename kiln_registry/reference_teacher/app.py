@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.domain.errors import InputError, KilnError
+from kiln_registry.domain.text import quoted
 from kiln_registry.reference_teacher.model import ReferenceTeacher
 from kiln_registry.reference_teacher.protocol import (
     CompletionRequest,
@@ -53,7 +54,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 def check_env_name(name: str) -> str:
     if not _ENV_NAME.fullmatch(name):
         raise InputError(
-            f"api_key_env {name[:40]!r} is not an environment variable name",
+            f"api_key_env {quoted(name, 40)} is not an environment variable name",
             rule="reference.api_key_env",
         )
     return name

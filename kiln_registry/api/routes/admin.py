@@ -22,6 +22,7 @@ from kiln_registry.api.routes.responses import error_responses
 from kiln_registry.auth.repository import AuditRepository, ReservedAliases
 from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
 from kiln_registry.domain.errors import KilnError
+from kiln_registry.domain.text import quoted
 
 router = APIRouter(tags=["admin"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
@@ -60,7 +61,8 @@ def _release(ctx: RegistryContext, alias: str) -> ReleaseResponse:
     with ctx.writing() as session:
         if not ReservedAliases(session).release(alias):
             raise AliasNotReserved(
-                f"alias {alias[:256]!r} is not reserved", hint="only deleted aliases are reserved"
+                f"alias {quoted(alias, 256)} is not reserved",
+                hint="only deleted aliases are reserved",
             )
     return ReleaseResponse(alias=alias, released=True)
 

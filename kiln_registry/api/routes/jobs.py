@@ -34,6 +34,7 @@ from kiln_registry.api.paging import MAX_CURSOR_CHARS, decode_key, encode_key
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
 from kiln_registry.api.strict_body import StrictJsonRoute
+from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.jobs import retention, service
 from kiln_registry.jobs.generation_output import detached_signature
 from kiln_registry.jobs.generation_submit import generation_submission, submit_generation
@@ -171,7 +172,7 @@ async def get_job_result(job_id: JobId, ctx: Ctx) -> StreamingResponse:
         "x-kiln-result-sha256": row.result_sha256 or "",
         "x-kiln-identity-revision": "sha256:" + row.identity_digest,
     }
-    if row.kind == "off_policy_generation":
+    if row.kind == JobKind.off_policy_generation:
         # Kiln reads every line of this corpus, so its signature is detached (<corpus>.sig).
         signature = await run_in_threadpool(detached_signature, path)
         headers["x-kiln-corpus-signature"] = signature

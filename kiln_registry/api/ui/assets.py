@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from kiln_registry.domain.errors import KilnError
+from kiln_registry.domain.text import quoted
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
 SWAGGER_PACKAGE: Final = "fastapi_offline"
@@ -81,7 +82,7 @@ def asset(name: str) -> Asset:
     entry = ASSETS.get(name)
     if entry is None:
         raise KilnError(
-            f"no page asset named {name[:64]!r}",
+            f"no page asset named {quoted(name, 64)}",
             code="not_found",
             status=404,
             hint="the pages are /docs and /ui",
