@@ -67,7 +67,8 @@ BASE_DIR_CONTEXT = "base_dir"
 
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _DEVICE_RE = re.compile(r"cpu|cuda:(?:0|[1-9][0-9]{0,3})")
-_SERVED_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}")
+# A served model id (also the local launcher's adapter names: ``local.student``).
+SERVED_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}")
 _HOST_RE = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -145,7 +146,7 @@ def _check_label(value: str) -> str:
 
 
 def _check_served_id(value: str) -> str:
-    if not _SERVED_ID_RE.fullmatch(value):
+    if not SERVED_ID_RE.fullmatch(value):
         raise ValueError("must match ^[A-Za-z0-9][A-Za-z0-9._/-]*$ (at most 256 characters)")
     return value
 

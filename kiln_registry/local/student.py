@@ -26,12 +26,12 @@ launcher's pure root rules and ``model.files``; never FastAPI or the database.
 from __future__ import annotations
 
 import os
-import re
 import socket
 from pathlib import Path
 
-from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
+from kiln_registry.config.settings import SERVED_ID_RE, KilnConfig, LocalTeacherConfig
 from kiln_registry.domain.errors import LauncherError, RegistrationInvalid
+from kiln_registry.domain.text import quoted
 from kiln_registry.launcher.roots import check_distinct_roots
 from kiln_registry.local.process_groups import GENERATED_PREFIX
 from kiln_registry.model.files import read_json_object
@@ -41,7 +41,6 @@ KILN_LOCAL_MAX_MODEL_LEN = 4096  # teacher_identity.rs MAX_COMPLETION_PROMPT_TOK
 STATE_DIR_NAME = "local-teachers"
 PROFILE_PREFIX = GENERATED_PREFIX  # not a valid [teachers.local.<id>] name: no collision
 MAX_PORT_TRIES = 32
-_SERVED_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}")
 _HINT_ADAPTER = "train or upload it first, or register without 'adapter' for the bare student"
 
 
@@ -66,7 +65,7 @@ def check_adapter_name(name: str) -> None:
         or os.path.isabs(name)
     ):
         raise RegistrationInvalid(
-            f"invalid adapter name {name[:64]!r}: a directory name under the student's adapter"
+            f"invalid adapter name {quoted(name, 64)}: a directory name under the student's adapter"
             " directory (no '/', '\\', '..')",
             rule="teacher.local_adapter_name",
         )
@@ -91,9 +90,9 @@ def adapter_path(config: KilnConfig, name: str) -> Path:
 def student_served_id(config: KilnConfig) -> str:
     """The student's served model id: configured, else ``<model dir name, lower>-kiln``."""
     served = config.student.served_model_id or f"{config.student.model_path.name.lower()}-kiln"
-    if not _SERVED_ID_RE.fullmatch(served):
+    if not SERVED_ID_RE.fullmatch(served):
         raise RegistrationInvalid(
-            f"the student's served model id {served[:64]!r} is not a valid served model id"
+            f"the student's served model id {quoted(served, 64)} is not a valid served model id"
             " (^[A-Za-z0-9][A-Za-z0-9._/-]*$)",
             rule="teacher.local_served_id",
             hint="rename the student's model directory, or register a [teachers.local.<profile>]",
@@ -104,9 +103,9 @@ def student_served_id(config: KilnConfig) -> str:
 def _served_for(config: KilnConfig, adapter: str | None) -> str:
     if adapter is None:
         return student_served_id(config)
-    if not _SERVED_ID_RE.fullmatch(adapter):
+    if not SERVED_ID_RE.fullmatch(adapter):
         raise RegistrationInvalid(
-            f"adapter name {adapter[:64]!r} cannot be a served model id"
+            f"adapter name {quoted(adapter, 64)} cannot be a served model id"
             " (^[A-Za-z0-9][A-Za-z0-9._/-]*$): the launcher serves the adapter under its name",
             rule="teacher.local_adapter_name",
         )
