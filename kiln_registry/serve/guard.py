@@ -77,21 +77,24 @@ class _HeaderDeadline:
     def _close_overdue(self) -> None:
         self.transport.close()
 
+    # The overrides both protocols share: ``super()`` is the uvicorn protocol
+    # that follows this mixin in the subclass's bases (mypy sees ``object``).
 
-class HeaderDeadlineH11(_HeaderDeadline, H11Protocol):
-    """uvicorn's h11 protocol with the header deadline; h11 bounds the header bytes."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm_header_deadline()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self._arm_header_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_deadline()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class HeaderDeadlineH11(_HeaderDeadline, H11Protocol):
+    """uvicorn's h11 protocol with the header deadline; h11 bounds the header bytes."""
 
     def _close_overdue(self) -> None:
         with contextlib.suppress(h11.LocalProtocolError):
@@ -120,10 +123,6 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
         _head_size = 0  # the parsed head: request target and header lines
         _in_head = True
         _refused = False
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_header_deadline()
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -154,13 +153,8 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
             self._in_head, self._head_bytes = True, 0
-            self._arm_header_deadline()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_header_deadline()
-            super().connection_lost(exc)
+            super().on_response_complete()  # the protocol's, then the deadline re-armed
 
         def on_body(self, body: bytes) -> None:
             if not self._refused:
