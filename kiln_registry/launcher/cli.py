@@ -1,7 +1,7 @@
 """The ``kiln-teacher`` command: launch, preview, inspect, clean up, qualify.
 
 Owns the command shell: a dispatcher on the first argument (``cleanup`` ->
-``launcher.cleanup``, ``qualify`` -> ``launcher.qualify``, otherwise the
+``launcher.cleanup``, ``qualify`` -> ``launcher.qualification``, otherwise the
 launch flags), the one error path (a ``KilnError`` becomes one line on
 stderr and exit status 2) and the output of each mode:
 
@@ -45,8 +45,8 @@ from kiln_registry.launcher.policy import (
     check_launch_environment,
     parse_launcher_argv,
 )
-from kiln_registry.launcher.qualify import qualify, write_receipt
-from kiln_registry.launcher.recheck import measure_source
+from kiln_registry.launcher.qualification import qualify, write_receipt
+from kiln_registry.launcher.teacher_input import measure_source
 from kiln_registry.launcher.supervisor import (
     Interrupted,
     SignalGate,

@@ -55,7 +55,7 @@ from kiln_registry.launcher.front import (
 from kiln_registry.launcher.fsops import reporter
 from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
-from kiln_registry.launcher.recheck import (
+from kiln_registry.launcher.teacher_input import (
     RuntimePart,
     measure_runtime,
     recheck_argv,

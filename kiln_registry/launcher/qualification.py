@@ -45,7 +45,7 @@ from kiln_registry.launcher.policy import (
     check_launch_environment,
     classify_vllm_options,
 )
-from kiln_registry.launcher.recheck import (
+from kiln_registry.launcher.teacher_input import (
     RuntimePart,
     measure_accelerator,
     measure_model,

@@ -63,7 +63,7 @@ from kiln_registry.model.tokenizer import (
     tokenizer_digests,
 )
 
-RECHECK_MODULE = "kiln_registry.launcher.recheck"
+RECHECK_MODULE = "kiln_registry.launcher.teacher_input"
 ACCELERATOR_MODULE = "kiln_registry.launcher.accelerator"
 ACCELERATOR_TIMEOUT_SECONDS = 300.0
 

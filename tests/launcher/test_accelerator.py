@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kiln_registry.identity.input_manifest import parse_accelerator
 from kiln_registry.launcher.accelerator import accelerator_identity, cpu_accelerator
-from kiln_registry.launcher.recheck import measure_accelerator
+from kiln_registry.launcher.teacher_input import measure_accelerator
 
 
 def test_cpu_identity_is_real_and_valid() -> None:

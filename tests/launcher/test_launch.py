@@ -16,7 +16,7 @@ from kiln_registry.launcher.launch import (
     vllm_server_argv,
 )
 from kiln_registry.launcher.policy import classify_vllm_options
-from kiln_registry.launcher.recheck import measure_model, staged_model_part
+from kiln_registry.launcher.teacher_input import measure_model, staged_model_part
 from kiln_registry.testing.tiny_models import TinyModel
 
 PY = "/usr/bin/python3"

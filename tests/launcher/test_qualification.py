@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kiln_registry.launcher.policy import parse_launcher_argv
-from kiln_registry.launcher.qualify import qualify, write_receipt
+from kiln_registry.launcher.qualification import qualify, write_receipt
 from kiln_registry.testing.tiny_models import TinyModel
 
 KILN_TEACHER = Path(sys.executable).with_name("kiln-teacher")
