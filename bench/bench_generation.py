@@ -27,33 +27,25 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+from _harness import machine, serving
+from _harness import run_job as run_harness_job
 
-KILN = [sys.executable, "-m", "kiln_registry.cli.main"]
 MODEL_ID = "tiny-chat"
 TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 WORDS = ["the", "teacher", "says", "hello", "a", "cat", "doan", "zy", "quto", "ka", "indo"]
-
-
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as sink:
-        return subprocess.Popen([*KILN, *args], stdout=subprocess.PIPE, stderr=sink)
 
 
 def chat_model(tmp: Path) -> Path:
@@ -65,30 +57,6 @@ def chat_model(tmp: Path) -> Path:
     config = json.loads((dest / "tokenizer_config.json").read_text())
     (dest / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     return dest
-
-
-def teacher(model: Path, tmp: Path, threads: int) -> tuple[subprocess.Popen[bytes], str]:
-    proc = start(
-        ["reference-teacher", "--model-path", str(model), "--served-model-id", MODEL_ID,
-         "--max-top-k", "8", "--max-model-len", "64", "--port", "0", "--threads", str(threads)],
-        tmp / "teacher.log",
-    )  # fmt: skip
-    assert proc.stdout is not None
-    return proc, str(json.loads(proc.stdout.readline())["url"])
-
-
-def registry(config: Path, tmp: Path, url: str) -> subprocess.Popen[bytes]:
-    proc = start(["serve", "--config", str(config)], tmp / "serve.log")
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit((tmp / "serve.log").read_text())
-        time.sleep(0.1)
 
 
 def prompts(path: Path, count: int, seed: int) -> list[list[dict[str, str]]]:
@@ -122,22 +90,10 @@ async def direct(url: str, ids: list[list[int]], args: argparse.Namespace) -> fl
         return time.perf_counter() - started
 
 
-def _stamp(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
-
-
 def run_job(url: str, args: argparse.Namespace, name: str) -> dict[str, Any]:
     body = {"kind": "off_policy_generation", "teacher": "ref", "corpus": {"path": name},
             "max_tokens": args.max_tokens, "top_k": args.k}  # fmt: skip
-    with httpx.Client(base_url=url, timeout=120, trust_env=False) as http:
-        job = http.post("/v1/jobs", json=body).json()
-        while job["status"] not in ("succeeded", "failed", "cancelled"):
-            time.sleep(0.2)  # timing comes from the server's own timestamps
-            job = http.get(f"/v1/jobs/{job['id']}").json()
-    assert job["status"] == "succeeded", job
-    stamps = job["timestamps"]
-    job["seconds"] = _stamp(stamps["finished_at"]) - _stamp(stamps["created_at"])
-    return dict(job)
+    return run_harness_job(url, body)
 
 
 def rounds(args: argparse.Namespace, t_url: str, url: str, batches: list[Any]) -> list[Any]:
@@ -183,30 +139,13 @@ def main() -> None:
             for i in range(args.rounds)
         ]  # fmt: skip
         port = 19000 + os.getpid() % 1000
-        config = tmp / "kiln.toml"
-        config.write_text(
-            f'[server]\nport = {port}\ndatabase = "{tmp / "registry.db"}"\n'
-            f'[student]\nmodel_path = "{model}"\n'
-            f'[jobs]\nconcurrency = {args.concurrency}\ncorpus_root = "{tmp / "corpora"}"\n',
-            encoding="utf-8",
-        )
-        t_proc, t_url = teacher(model, tmp, args.teacher_threads)
-        url = f"http://127.0.0.1:{port}"
-        r_proc = registry(config, tmp, url)
-        try:
-            reg = {"alias": "ref", "kind": "remote", "provider": "vllm", "model_id": MODEL_ID,
-                   "url": t_url}  # fmt: skip
-            assert httpx.post(url + "/v1/teachers", json=reg, timeout=60).status_code == 200
-            asyncio.run(direct(t_url, batches[0][:40], args))  # warm-up
-            measured = rounds(args, t_url, url, batches)
-        finally:
-            for proc in (r_proc, t_proc):
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
+        with serving(tmp, port, model, concurrency=args.concurrency,
+                     threads=args.teacher_threads, model_id=MODEL_ID) as served:  # fmt: skip
+            asyncio.run(direct(served.teacher_url, batches[0][:40], args))  # warm-up
+            measured = rounds(args, served.teacher_url, served.url, batches)
     ratios = [r["job_vs_teacher"] for r in measured]
     report = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+        "machine": machine(),
         "settings": vars(args),
         "rounds": measured,
         "job_vs_teacher_median": statistics.median(ratios),

@@ -31,65 +31,19 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+from _harness import machine, serving, stamp
+from _harness import run_job as run_harness_job
 
-KILN = [sys.executable, "-m", "kiln_registry.cli.main"]
 MODEL_ID = "tiny-ref"
-
-
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as sink:
-        return subprocess.Popen([*KILN, *args], stdout=subprocess.PIPE, stderr=sink)
-
-
-def teacher(model: Path, tmp: Path, threads: int) -> tuple[subprocess.Popen[bytes], str]:
-    proc = start(
-        [
-            "reference-teacher",
-            "--model-path",
-            str(model),
-            "--served-model-id",
-            MODEL_ID,
-            "--max-top-k",
-            "8",
-            "--max-model-len",
-            "64",
-            "--port",
-            "0",
-            "--threads",
-            str(threads),
-        ],
-        tmp / "teacher.log",
-    )
-    assert proc.stdout is not None
-    line = json.loads(proc.stdout.readline())
-    return proc, str(line["url"])
-
-
-def registry(config: Path, tmp: Path, url: str) -> subprocess.Popen[bytes]:
-    proc = start(["serve", "--config", str(config)], tmp / "serve.log")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit((tmp / "serve.log").read_text())
-        time.sleep(0.1)
 
 
 def corpus(path: Path, count: int, seed: int) -> list[list[int]]:
@@ -140,32 +94,16 @@ def measured(pids: dict[str, int], work: Any) -> tuple[Any, dict[str, float]]:
     return value, {name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()}
 
 
-def _stamp(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
-
-
 def run_job(url: str, k: int, name: str) -> dict[str, Any]:
-    body = {
-        "kind": "teacher_scoring",
-        "teacher": "ref",
-        "top_k": k,
-        "corpus": {"path": name},
-    }
-    # One client for the whole poll: a new client per poll costs CPU the job needs.
-    with httpx.Client(base_url=url, timeout=120, trust_env=False) as http:
-        job = http.post("/v1/jobs", json=body).json()
-        while job["status"] not in ("succeeded", "failed", "cancelled"):
-            time.sleep(0.2)  # timing comes from the server's own timestamps
-            job = http.get(f"/v1/jobs/{job['id']}").json()
-    assert job["status"] == "succeeded", job
+    body = {"kind": "teacher_scoring", "teacher": "ref", "top_k": k, "corpus": {"path": name}}
+    job = run_harness_job(url, body)
     stamps = job["timestamps"]
-    job["seconds"] = _stamp(stamps["finished_at"]) - _stamp(stamps["created_at"])
     job["phases_s"] = {
-        name.removesuffix("_at"): round(_stamp(value) - _stamp(stamps["created_at"]), 3)
+        name.removesuffix("_at"): round(stamp(value) - stamp(stamps["created_at"]), 3)
         for name, value in stamps.items()
         if value and name not in ("created_at", "updated_at")
     }
-    return dict(job)
+    return job
 
 
 def rounds(
@@ -224,41 +162,17 @@ def main() -> None:
             for i in range(args.rounds)
         ]
         port = 18000 + os.getpid() % 1000
-        config = tmp / "kiln.toml"
-        config.write_text(
-            f'[server]\nport = {port}\ndatabase = "{tmp / "registry.db"}"\n'
-            f'[student]\nmodel_path = "{model}"\n'
-            f'[jobs]\nconcurrency = {args.concurrency}\ncorpus_root = "{tmp / "corpora"}"\n',
-            encoding="utf-8",
-        )
-        t_proc, t_url = teacher(model, tmp, args.teacher_threads)
-        url = f"http://127.0.0.1:{port}"
-        r_proc = registry(config, tmp, url)
-        try:
-            reg = {
-                "alias": "ref",
-                "kind": "remote",
-                "provider": "vllm",
-                "model_id": MODEL_ID,
-                "url": t_url,
-            }
-            assert httpx.post(url + "/v1/teachers", json=reg, timeout=60).status_code == 200
-            pids = {"teacher": t_proc.pid, "registry": r_proc.pid, "bench": os.getpid()}
+        with serving(tmp, port, model, concurrency=args.concurrency,
+                     threads=args.teacher_threads, model_id=MODEL_ID) as served:  # fmt: skip
+            pids = {"teacher": served.teacher.pid, "registry": served.registry.pid,
+                    "bench": os.getpid()}  # fmt: skip
             warm = [[(7 * i + j) % 512 for j in range(8 + i % 40)] for i in range(200)]
-            asyncio.run(direct(t_url, warm, args.k, args.concurrency))
-            measured_rounds = rounds(args, t_url, url, pids, seqs)
-        finally:
-            for proc in (r_proc, t_proc):
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
+            asyncio.run(direct(served.teacher_url, warm, args.k, args.concurrency))
+            measured_rounds = rounds(args, served.teacher_url, served.url, pids, seqs)
     ratios = [r["cold_vs_capacity"] for r in measured_rounds]
     speedups = [r["cached_speedup"] for r in measured_rounds]
     report = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "sequences": args.sequences,
         "k": args.k,
         "concurrency": args.concurrency,
