@@ -2,13 +2,13 @@
 
 ``TeacherServices`` is the part of ``api.context.RegistryContext`` the
 teachers layer uses (configuration, database transactions, student view,
-probe limiter, metrics, HTTP client, the local-teacher manager), so nothing
-here imports the API layer.  ``LocalTeacherManager`` is what the registry
+probe limiter, metrics counters, HTTP client, the local-teacher manager), so
+nothing here imports the API or observability layers.  ``LocalTeacherManager`` is what the registry
 needs of ``local.process_groups.LocalTeachers``: the context's slot is typed
 by it, so the context never imports the launcher.
 
-Imports SQLAlchemy and httpx (types only), the configuration, identity,
-metrics and probe types, and (for type checking only) the protocols of
+Imports SQLAlchemy and httpx (types only), the configuration, identity and
+probe types, and (for type checking only) the protocols of
 ``local.launch_spec``; never the API layer or FastAPI.
 """
 
@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 
 from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.observability.metrics import RegistryMetrics
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
@@ -57,6 +56,14 @@ class LocalTeacherManager(Protocol):
     def shutdown(self) -> None: ...
 
 
+class TeacherCounters(Protocol):
+    """The ``/metrics`` counters a teacher operation updates (``RegistryMetrics``)."""
+
+    def count_registration(self, outcome: str, rule: str | None = None) -> None: ...
+
+    def count_probe(self, outcome: str, seconds: float, rule: str | None = None) -> None: ...
+
+
 class TeacherServices(Protocol):
     """The running registry as the teachers layer sees it (``RegistryContext``)."""
 
@@ -70,7 +77,7 @@ class TeacherServices(Protocol):
     def probe_limiter(self) -> ProbeLimiter: ...
 
     @property
-    def metrics(self) -> RegistryMetrics: ...
+    def metrics(self) -> TeacherCounters: ...
 
     @property
     def local_teachers(self) -> LocalTeacherManager | None: ...
