@@ -1,6 +1,9 @@
 """Local teachers: vLLM process groups the registry launches from ``[teachers.local.<profile>]``.
 
-``manager`` owns the running process groups (launch, readiness, stop, shutdown);
-``service`` is the registry side (placeholder rows, probes, persistence,
-relaunch, start-up reconciliation).  Importing this package imports neither.
+``process_groups`` owns the running process groups (``LocalTeachers``: launch,
+readiness, stop, shutdown); ``launch_spec`` what one launch is made of (spec,
+the launcher's protocols, profile flags, child environment); ``student`` the
+generated profiles of Kiln-shape aliases (the loaded student plus an adapter).
+The registry side (rows, probes, receipts, relaunch, start-up) is
+``kiln_registry.teachers``.  Importing this package imports none of them.
 """

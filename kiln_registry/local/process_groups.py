@@ -11,9 +11,10 @@ exit path, because every path ends in ``RunningTeacher.stop`` or
 
 Decisions:
 
-* A profile is turned into ``kiln-teacher`` flags and parsed by the
-  launcher's own policy (``parse_launcher_argv``), so a profile launch and a
-  CLI launch are validated by the same code.  The host is always
+* A profile is turned into ``kiln-teacher`` flags (``launch_spec.launcher_argv``)
+  and parsed by the launcher's own policy (``parse_launcher_argv``), so a
+  profile launch and a CLI launch are validated by the same code, with the
+  same messages.  The host is always
   ``127.0.0.1`` and the port is the profile's.
 * The child environment is the server's, minus the configured credential
   variables (a remote teacher's key never reaches vLLM) and minus
