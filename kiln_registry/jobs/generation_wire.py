@@ -26,17 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from kiln_registry.domain.errors import ProbeFailed
+from kiln_registry.domain.limits import MAX_BODY_LIMIT, MIN_BODY_LIMIT
 from kiln_registry.domain.text import quoted
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.generation_sources import GenerationSettings
 from kiln_registry.jobs.scoring import SCORE_TIMEOUT_S, send_with_retries
-from kiln_registry.probe.parse import (
-    MAX_BODY_LIMIT,
-    MIN_BODY_LIMIT,
-    check_logprob,
-    strict_loads,
-    withholding_response_text,
-)
+from kiln_registry.probe.parse import check_logprob, strict_loads, withholding_response_text
 from kiln_registry.probe.transport import SecretSource, TeacherTransport
 from kiln_registry.probe.verify import identity_from_fingerprint
 

@@ -14,7 +14,7 @@ ties, order, probability mass, identity) are ``kiln_registry.probe.verify``'s
 job.
 
 Refusals are ``ProbeFailed`` with ``rule="probe.<name>"``.  Pure: imports only
-the standard library and ``kiln_registry.domain`` (errors, text excerpts); no
+the standard library and ``kiln_registry.domain`` (errors, limits, text excerpts); no
 sockets, numpy or httpx.
 """
 
@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kiln_registry.domain.errors import ProbeFailed
+from kiln_registry.domain.limits import MAX_BODY_LIMIT, MIN_BODY_LIMIT
 from kiln_registry.domain.text import escaped_excerpt
 
-MIN_BODY_LIMIT = 1 << 20
-MAX_BODY_LIMIT = 256 << 20
 MAX_VOCAB_SIZE = 16_777_216
 NEG_INF_SENTINEL = -9999.0
 MAX_ERROR_TEXT = 400
