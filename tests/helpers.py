@@ -57,3 +57,16 @@ def serve_app(app: Any, *, timeout: float = 10.0) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout)
         sock.close()
+
+
+@contextmanager
+def serve_reference_teacher(model_path: Path, served_model_id: str) -> Iterator[str]:
+    """The reference teacher on ``model_path`` (K <= 8, 64 tokens, no API key); yield its URL."""
+    from kiln_registry.reference_teacher.app import create_reference_app
+    from kiln_registry.reference_teacher.identity import load_reference_teacher
+
+    teacher, _ = load_reference_teacher(
+        model_path, served_model_id=served_model_id, max_top_k=8, max_model_len=64
+    )
+    with serve_app(create_reference_app(teacher, api_key_env=None)) as url:
+        yield url

@@ -21,7 +21,7 @@ from kiln_registry.api.schemas import TeacherStatus
 from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.domain.errors import InputError
 from kiln_registry.testing.tiny_models import TinyModel
-from tests.helpers import free_port
+from tests.helpers import free_port, serve_reference_teacher
 from tests.probe.teacher_server import Reply, Request, TeacherServer
 
 SERVED = "teacher-tiny"
@@ -61,14 +61,7 @@ def serve_registry(tmp: Path, student: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def teacher_url(tiny_model: TinyModel) -> Iterator[str]:
-    from kiln_registry.reference_teacher.app import create_reference_app
-    from kiln_registry.reference_teacher.identity import load_reference_teacher
-    from tests.helpers import serve_app
-
-    teacher, _ = load_reference_teacher(
-        tiny_model.path, served_model_id=SERVED, max_top_k=8, max_model_len=64
-    )
-    with serve_app(create_reference_app(teacher, api_key_env=None)) as url:
+    with serve_reference_teacher(tiny_model.path, SERVED) as url:
         yield url
 
 

@@ -22,7 +22,7 @@ from kiln_registry.cli.main import run
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.testing.tiny_models import TinyModel
-from tests.helpers import free_port, serve_app
+from tests.helpers import free_port, serve_reference_teacher
 
 SERVED = "teacher-tiny"
 ALIAS = "tiny-cli@reference"
@@ -70,13 +70,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> I
 
 @pytest.fixture(scope="module")
 def teacher_url(tiny_model: TinyModel) -> Iterator[str]:
-    from kiln_registry.reference_teacher.app import create_reference_app
-    from kiln_registry.reference_teacher.identity import load_reference_teacher
-
-    teacher, _ = load_reference_teacher(
-        tiny_model.path, served_model_id=SERVED, max_top_k=8, max_model_len=64
-    )
-    with serve_app(create_reference_app(teacher, api_key_env=None)) as url:
+    with serve_reference_teacher(tiny_model.path, SERVED) as url:
         yield url
 
 

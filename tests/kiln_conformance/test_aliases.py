@@ -38,11 +38,9 @@ from kiln_registry.domain.aliases import (
     alias_problem,
 )
 from kiln_registry.domain.errors import InputError
-from kiln_registry.reference_teacher.app import create_reference_app
-from kiln_registry.reference_teacher.identity import load_reference_teacher
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO, RegistryServer, error_of, remote, run_registry, write_config
-from tests.helpers import serve_app
+from tests.helpers import serve_reference_teacher
 
 HF_ALIAS = "qwen/qwen3-8b@vllm"  # a Hugging Face model name as the alias
 SERVED = "teacher-tiny"
@@ -51,10 +49,7 @@ JOB_DEADLINE_S = 60.0
 
 @pytest.fixture(scope="module")
 def teacher_url(tiny_model: TinyModel) -> Iterator[str]:
-    teacher, _ = load_reference_teacher(
-        tiny_model.path, served_model_id=SERVED, max_top_k=8, max_model_len=64
-    )
-    with serve_app(create_reference_app(teacher, api_key_env=None)) as url:
+    with serve_reference_teacher(tiny_model.path, SERVED) as url:
         yield url
 
 

@@ -29,11 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
-from kiln_registry.reference_teacher.app import create_reference_app
-from kiln_registry.reference_teacher.identity import load_reference_teacher
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import RegistryServer, error_of, remote, run_registry, write_config
-from tests.helpers import serve_app
+from tests.helpers import serve_reference_teacher
 
 SERVED = "teacher-tiny"
 KEY_ENV = "WIRE_TEST_TEACHER_KEY"
@@ -53,10 +51,7 @@ RAW_SHA256 = "^[0-9a-f]{64}$"
 
 @pytest.fixture(scope="module")
 def teacher_url(tiny_model: TinyModel) -> Iterator[str]:
-    teacher, _ = load_reference_teacher(
-        tiny_model.path, served_model_id=SERVED, max_top_k=8, max_model_len=64
-    )
-    with serve_app(create_reference_app(teacher, api_key_env=None)) as url:
+    with serve_reference_teacher(tiny_model.path, SERVED) as url:
         yield url
 
 
