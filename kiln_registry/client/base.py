@@ -25,23 +25,19 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kiln_registry.api.jobs_schemas import (
-    JOB_ID_PATTERN,
-    JobStatus,
-)
+from kiln_registry.api.jobs_schemas import JOB_ID_PATTERN, JobPublic
 from kiln_registry.api.schemas import (
     ErrorResponse,
 )
 from kiln_registry.client.tls import check_token, tls_context, tls_refusal, token_from_env
 from kiln_registry.domain.aliases import alias_path_segment, alias_problem
 from kiln_registry.domain.errors import InputError, KilnError
-
-if TYPE_CHECKING:
-    from kiln_registry.client.core import Awaiting, Blocking
+from kiln_registry.domain.text import line_excerpt, quoted
+from kiln_registry.domain.vocabulary import TERMINAL_JOB_STATUSES
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 60.0
@@ -50,7 +46,7 @@ MAX_RESULT_BYTES = 1 << 40  # a corpus is streamed to disk, never held in memory
 MAX_EXCERPT_CHARS = 200
 MAX_RECEIPTS = 1000
 MAX_PAGES = 10_000  # a list that never ends is refused after this many pages
-TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+TERMINAL = frozenset(TERMINAL_JOB_STATUSES)
 CONNECT_HINT = (
     "is `kiln serve` running there? check with `curl {url}/health`; pass --server URL or set"
     " KILN_SERVER"
@@ -92,9 +88,7 @@ class RegistryClientError(KilnError):
 
 def excerpt(data: bytes) -> str:
     """A short, single-line, printable excerpt of an unexpected body."""
-    text = data[: MAX_EXCERPT_CHARS * 4].decode("utf-8", errors="replace")
-    text = "".join(ch if ch.isprintable() else " " for ch in text)
-    return " ".join(text.split())[:MAX_EXCERPT_CHARS]
+    return line_excerpt(data, MAX_EXCERPT_CHARS)
 
 
 def check_base_url(base_url: str) -> str:
@@ -139,7 +133,9 @@ def alias_path(alias: str) -> str:
 
 def job_id_path(job_id: str) -> str:
     if not re.fullmatch(JOB_ID_PATTERN, job_id):
-        raise InputError(f"{job_id[:40]!r} is not a job id (job-<24 hex>)", rule="client.job_id")
+        raise InputError(
+            f"{quoted(job_id, 40)} is not a job id (job-<24 hex>)", rule="client.job_id"
+        )
     return job_id
 
 
@@ -202,6 +198,36 @@ class Call(Generic[T]):
         return f"{self.method} {self.path.split('?')[0]}"
 
 
+class BlockingClient(Protocol):
+    """What a ``Request`` uses of ``RegistryClient`` (``client.core.Blocking``)."""
+
+    base_url: str
+
+    def _run(self, op: Call[T]) -> T: ...
+
+    def _stream_into(self, path: str, write: Callable[[bytes], None]) -> Mapping[str, str]: ...
+
+    def get_job(self, job_id: str) -> JobPublic: ...
+
+    def signing_keys(self) -> dict[str, Any]: ...
+
+
+class AwaitingClient(Protocol):
+    """What a ``Request`` uses of ``AsyncRegistryClient`` (``client.core.Awaiting``)."""
+
+    base_url: str
+
+    async def _run(self, op: Call[T]) -> T: ...
+
+    async def _stream_into(
+        self, path: str, write: Callable[[bytes], None]
+    ) -> Mapping[str, str]: ...
+
+    async def get_job(self, job_id: str) -> JobPublic: ...
+
+    async def signing_keys(self) -> dict[str, Any]: ...
+
+
 class Request(Generic[T]):
     """An operation of more than one request (wait, download): either client runs it.
 
@@ -209,10 +235,10 @@ class Request(Generic[T]):
     ``AsyncRegistryClient``; both through the client's own operations.
     """
 
-    def blocking(self, client: Blocking) -> T:
+    def blocking(self, client: BlockingClient) -> T:
         raise NotImplementedError
 
-    async def awaiting(self, client: Awaiting) -> T:
+    async def awaiting(self, client: AwaitingClient) -> T:
         raise NotImplementedError
 
 

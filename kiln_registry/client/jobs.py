@@ -37,12 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln_registry.api.jobs_schemas import JobPublic
-from kiln_registry.client.base import TERMINAL, Request, invalid
+from kiln_registry.client.base import TERMINAL, AwaitingClient, BlockingClient, Request, invalid
 from kiln_registry.domain.errors import InputError, KilnError
 
 if TYPE_CHECKING:
-    from kiln_registry.client.core import Awaiting, Blocking
-    from kiln_registry.jobs.corpus_verify import CorpusSummary
+    from kiln_registry.jobs.corpus_signed import CorpusSummary
 
 ProgressCallback = Callable[[JobPublic], object]
 MAX_WAIT_S = 7 * 24 * 3600.0
@@ -104,7 +103,7 @@ class Waiter(Request[JobPublic]):
             )
         return False
 
-    def blocking(self, client: Blocking) -> JobPublic:
+    def blocking(self, client: BlockingClient) -> JobPublic:
         while True:
             job = client.get_job(self.job_id)
             self.observe(job)
@@ -112,7 +111,7 @@ class Waiter(Request[JobPublic]):
                 return job
             time.sleep(self.interval)
 
-    async def awaiting(self, client: Awaiting) -> JobPublic:
+    async def awaiting(self, client: AwaitingClient) -> JobPublic:
         while True:
             job = await client.get_job(self.job_id)
             pending = self.observe(job)
@@ -229,7 +228,7 @@ class Download(Request[DownloadedCorpus]):
     keys: dict[str, Any] | None
     max_bytes: int
 
-    def blocking(self, client: Blocking) -> DownloadedCorpus:
+    def blocking(self, client: BlockingClient) -> DownloadedCorpus:
         keys = self.keys
         if self.verify:
             check_verifiable(client.get_job(self.job_id))
@@ -244,7 +243,7 @@ class Download(Request[DownloadedCorpus]):
         finally:
             sink.discard()
 
-    async def awaiting(self, client: Awaiting) -> DownloadedCorpus:
+    async def awaiting(self, client: AwaitingClient) -> DownloadedCorpus:
         keys = self.keys
         if self.verify:
             check_verifiable(await client.get_job(self.job_id))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -37,6 +37,8 @@ from kiln_registry.api.schemas import (
 from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
 from kiln_registry.client.base import (
     MAX_RESULT_BYTES,
+    AwaitingClient,
+    BlockingClient,
     Call,
     Request,
     alias_path,
@@ -46,9 +48,6 @@ from kiln_registry.client.base import (
 )
 from kiln_registry.client.jobs import Download, ProgressCallback, Waiter
 from kiln_registry.domain.errors import InputError
-
-if TYPE_CHECKING:
-    from kiln_registry.client.core import Awaiting, Blocking
 
 
 def _query(**params: object) -> str:
@@ -199,10 +198,10 @@ def keys_call(base_url: str) -> Call[dict[str, Any]]:
 
 
 class _SigningKeys(Request[dict[str, Any]]):
-    def blocking(self, client: Blocking) -> dict[str, Any]:
+    def blocking(self, client: BlockingClient) -> dict[str, Any]:
         return client._run(keys_call(client.base_url))
 
-    async def awaiting(self, client: Awaiting) -> dict[str, Any]:
+    async def awaiting(self, client: AwaitingClient) -> dict[str, Any]:
         return await client._run(keys_call(client.base_url))
 
 
