@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln_registry.domain.errors import IdentityError, LauncherError
+from kiln_registry.domain.text import quoted
 from kiln_registry.identity.digests import (
     RUNTIME_LABEL_CONTROL,
     LabelledFile,
@@ -122,7 +123,7 @@ class _Inventory:
             ) from None
         if size > MAX_LABEL_BYTES or self.label_bytes + size > MAX_TOTAL_LABEL_BYTES:
             raise LauncherError(
-                f"runtime label {label[:80]!r}... exceeds the label limits",
+                f"runtime label {quoted(label, 80)}... exceeds the label limits",
                 rule="runtime_content.label_length",
             )
         self.label_bytes += size
