@@ -14,7 +14,7 @@ value that reached the line outside the record's message and arguments (a
 request id a caller chose, for instance) is never written.
 
 ``configure_logging`` installs one stderr handler on the root logger with
-the chosen formatter, the repeat cap (``serve_guard.RepeatFilter``; access
+the chosen formatter, the repeat cap (``observability.repeats.RepeatFilter``; access
 records are exempt) and the redaction filters; uvicorn's loggers propagate
 to it and uvicorn's own access log is turned off by ``run_server``
 (``access_log=False``): the access layer writes the access log instead.
@@ -135,7 +135,7 @@ def configure_logging(log_format: str, secret_env_names: frozenset[str], level: 
     else:
         formatter = TextFormatter(secret_env_names)
     handler.setFormatter(formatter)
-    from kiln_registry.serve.guard import RepeatFilter  # imports uvicorn: not at import time
+    from kiln_registry.observability.repeats import RepeatFilter
 
     handler.addFilter(RepeatFilter())  # a flood of one line (e.g. accept errors) is capped
     root = logging.getLogger()

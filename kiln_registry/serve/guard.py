@@ -11,36 +11,28 @@
   ``uvicorn.run``: that protocol, the keep-alive timeout, the largest
   incomplete h11 event (request line + headers), and ``limit_concurrency``
   (past it uvicorn answers 503 at once instead of queueing).
-* ``RepeatFilter`` rate-limits repeated log lines: at most ``burst`` records
-  with the same logger, level and message template per ``window_s``; the
-  first record after a quiet window says how many were dropped.  Keys are
-  bounded (the oldest is forgotten first).  Access records (one per request,
-  ``observability.access``) are exempt.
+* ``RepeatFilter``, the log-flood cap, lives in ``observability.repeats``
+  (re-exported here).
 
-Imports the standard library, h11, uvicorn's HTTP/1.1 protocols and observability.access.
+Imports the standard library, h11, uvicorn's HTTP/1.1 protocols and
+observability.repeats.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
-from collections import OrderedDict
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from kiln_registry.observability.access import ACCESS_LOGGER
+from kiln_registry.observability.repeats import RepeatFilter as RepeatFilter
 
 HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 16 * 1024
 MAX_CONCURRENCY = 1024
-LOG_BURST = 10
-LOG_WINDOW_S = 60.0
-MAX_LOG_KEYS = 1024
 
 
 class _HeaderDeadline:
@@ -194,35 +186,3 @@ def uvicorn_limits(*, prefer_httptools: bool = True) -> dict[str, Any]:
     if fast is None:
         limits["h11_max_incomplete_event_size"] = MAX_HEADER_BYTES
     return limits
-
-
-class RepeatFilter(logging.Filter):
-    """Drop repeats of one log line past ``burst`` per ``window_s`` (see the module docstring)."""
-
-    def __init__(self, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S) -> None:
-        super().__init__()
-        self._burst = burst
-        self._window = window_s
-        # key -> [window start, records seen in the window, dropped in the window]
-        self._seen: OrderedDict[tuple[str, int, str], list[float]] = OrderedDict()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == ACCESS_LOGGER:
-            return True  # one line per request by design (observability.access), never a flood
-        key = (record.name, record.levelno, str(record.msg)[:200])
-        now = time.monotonic()
-        entry = self._seen.get(key)
-        if entry is None or now - entry[0] >= self._window:
-            dropped = int(entry[2]) if entry is not None else 0
-            self._seen[key] = [now, 1.0, 0.0]
-            self._seen.move_to_end(key)
-            while len(self._seen) > MAX_LOG_KEYS:
-                self._seen.popitem(last=False)
-            if dropped:
-                record.msg = f"{record.msg} [{dropped} identical lines suppressed]"
-            return True
-        entry[1] += 1
-        if entry[1] <= self._burst:
-            return True
-        entry[2] += 1
-        return False
