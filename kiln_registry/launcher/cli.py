@@ -46,13 +46,13 @@ from kiln_registry.launcher.policy import (
     parse_launcher_argv,
 )
 from kiln_registry.launcher.qualification import qualify, write_receipt
-from kiln_registry.launcher.teacher_input import measure_source
 from kiln_registry.launcher.supervisor import (
     Interrupted,
     SignalGate,
     SuperviseOptions,
     supervise,
 )
+from kiln_registry.launcher.teacher_input import measure_source
 from kiln_registry.launcher.vllm_command import (
     AdapterLaunch,
     compose_launch_identity,

@@ -55,14 +55,6 @@ from kiln_registry.launcher.front import (
 from kiln_registry.launcher.fsops import reporter
 from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
-from kiln_registry.launcher.teacher_input import (
-    RuntimePart,
-    measure_runtime,
-    recheck_argv,
-    run_recheck,
-    staged_model_part,
-    teacher_input,
-)
 from kiln_registry.launcher.staging import (
     PrivateCache,
     Progress,
@@ -80,6 +72,14 @@ from kiln_registry.launcher.supervisor import (
     Front,
     ProcessGroup,
     check_inherited_group,
+)
+from kiln_registry.launcher.teacher_input import (
+    RuntimePart,
+    measure_runtime,
+    recheck_argv,
+    run_recheck,
+    staged_model_part,
+    teacher_input,
 )
 from kiln_registry.launcher.vllm_command import (
     AdapterLaunch,

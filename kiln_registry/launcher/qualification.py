@@ -45,13 +45,13 @@ from kiln_registry.launcher.policy import (
     check_launch_environment,
     classify_vllm_options,
 )
+from kiln_registry.launcher.runtime import RUNTIME_PACKAGES, runtime_content
 from kiln_registry.launcher.teacher_input import (
     RuntimePart,
     measure_accelerator,
     measure_model,
     teacher_input,
 )
-from kiln_registry.launcher.runtime import RUNTIME_PACKAGES, runtime_content
 
 RECEIPT_SCHEMA = "kiln.launcher-qualification.v1"
 REFUSED_OPTIONS: tuple[tuple[str, ...], ...] = (
