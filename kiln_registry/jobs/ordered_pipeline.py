@@ -29,6 +29,7 @@ from typing import ClassVar, Final, Generic, Protocol, TypeVar
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.repository import unit_of_work
+from kiln_registry.domain.vocabulary import JobStatus
 from kiln_registry.jobs.leases import DeviceLeases
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.service import result_root
@@ -225,7 +226,7 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
             if self.use_cache:
                 self._store(session, list(self.pending))
             done = JobRepository(session).finish(
-                claimed.job.id, claimed.token, "succeeded", result_path=path,
+                claimed.job.id, claimed.token, JobStatus.succeeded.value, result_path=path,
                 result_sha256=sha, result_bytes=size, **claimed.progress.counters(),
             )  # fmt: skip
             if not done:

@@ -28,7 +28,7 @@ from kiln_registry.credentials.resolve import ResolvedTeacher
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotFound
-from kiln_registry.domain.vocabulary import JobKind
+from kiln_registry.domain.vocabulary import JobKind, JobStatus
 from kiln_registry.identity.document import same_identity
 from kiln_registry.jobs.generation import GenerationPipeline
 from kiln_registry.jobs.generation_sources import GenerationSettings, student_tokenizer
@@ -71,7 +71,9 @@ class JobRun:
             await self._phases()
         except JobCancelled:
             self._discard()
-            await asyncio.to_thread(claimed.finish, "cancelled", **claimed.progress.counters())
+            await asyncio.to_thread(
+                claimed.finish, JobStatus.cancelled.value, **claimed.progress.counters()
+            )
             log.info("job %s cancelled", self.job.id)
         except ClaimLost:
             self._discard()
@@ -101,7 +103,9 @@ class JobRun:
             if await asyncio.to_thread(self.claimed.lease, utc_timestamp()) is not None:
                 break
         now = utc_timestamp()
-        await asyncio.to_thread(self.claimed.update, status="running", scoring_started_at=now)
+        await asyncio.to_thread(
+            self.claimed.update, status=JobStatus.running.value, scoring_started_at=now
+        )
         env = self.claimed.env
         async with TeacherWire(
             url, tls=env.teacher_tls, max_idle=env.config.jobs.concurrency

@@ -33,6 +33,7 @@ from kiln_registry.domain.errors import (
     RegistrationInvalid,
     TeacherNotFound,
 )
+from kiln_registry.domain.text import quoted
 from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.identity.fingerprint import verify_fingerprint
@@ -164,7 +165,7 @@ def _check_adapter(req: TeacherRequest, name: str, profile: LocalTeacherConfig) 
     served = served_model_id(name, profile)
     if profile.adapter_path is None:
         raise RegistrationInvalid(
-            f"adapter {req.adapter[:64]!r} was given but profile {name!r} has no adapter_path",
+            f"adapter {quoted(req.adapter, 64)} was given but profile {name!r} has no adapter_path",
             rule="teacher.local_adapter",
         )
     if req.adapter != served:
@@ -195,7 +196,7 @@ def _named_profile(
 def _refuse_profile_in_model_id(manager: LocalTeacherManager, req: TeacherRequest) -> None:
     if req.model_id is not None and req.model_id in manager.profiles:
         raise RegistrationInvalid(
-            f"model_id {req.model_id[:64]!r} names a launch profile, but kind 'local' ignores"
+            f"model_id {quoted(req.model_id, 64)} names a launch profile, but kind 'local' ignores"
             " model_id (as Kiln does) and would serve the loaded student instead",
             rule="teacher.local_profile_field",
             hint="pass the profile as launch_profile, or drop model_id to serve the student",
