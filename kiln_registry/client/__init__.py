@@ -1,7 +1,7 @@
 """The registry's Python clients: ``RegistryClient`` (blocking) and ``AsyncRegistryClient``.
 
 Import them from here; the modules beside this file are the implementation
-(``sync``, ``asynchronous``, the shared ``base``/``ops``/``jobs``/``tls``).
+(``sync``, ``asynchronous``, the shared ``core``/``base``/``ops``/``jobs``/``tls``).
 """
 
 from kiln_registry.client.asynchronous import AsyncRegistryClient
