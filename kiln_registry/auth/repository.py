@@ -25,7 +25,7 @@ from kiln_registry.auth.tokens import (
     generate_token,
     token_digest,
 )
-from kiln_registry.db.models import utc_timestamp
+from kiln_registry.db.models import TIMESTAMP_FORMAT, utc_timestamp
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.text import quoted
 
@@ -36,7 +36,6 @@ DEFAULT_MAX_EVENTS: Final = 1_000_000
 DEFAULT_MAX_RESERVED: Final = 100_000
 PRUNE_PEEK: Final = 256  # oldest events looked at per write for audit_retain_days
 TOKENS_SNAPSHOT: Final = "SELECT name, digest, scopes, expires_at FROM api_tokens LIMIT 1001"
-TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 class TokenNameExists(KilnError):
@@ -50,7 +49,7 @@ class TokenNotFound(KilnError):
 
 
 def parse_time(text: str) -> datetime:
-    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC)
+    return datetime.strptime(text, TIMESTAMP_FORMAT).replace(tzinfo=UTC)
 
 
 class TokenRepository:
@@ -71,12 +70,12 @@ class TokenRepository:
         now = datetime.now(UTC)
         expires = None
         if expires_in_days is not None:
-            expires = (now + timedelta(days=expires_in_days)).strftime(TIME_FORMAT)
+            expires = (now + timedelta(days=expires_in_days)).strftime(TIMESTAMP_FORMAT)
         row = TokenRow(
             name=name,
             digest=token_digest(token),
             scopes=" ".join(sorted(scopes)),
-            created_at=now.strftime(TIME_FORMAT),
+            created_at=now.strftime(TIMESTAMP_FORMAT),
             expires_at=expires,
         )
         try:
@@ -158,7 +157,7 @@ class AuditRepository:
         oldest = self._session.execute(
             select(AuditEventRow.id, AuditEventRow.at).order_by(AuditEventRow.id).limit(PRUNE_PEEK)
         ).all()
-        expired = [i for i, at in oldest if at < cutoff.strftime(TIME_FORMAT) and i != newest]
+        expired = [i for i, at in oldest if at < cutoff.strftime(TIMESTAMP_FORMAT) and i != newest]
         if expired:
             self._session.execute(delete(AuditEventRow).where(AuditEventRow.id.in_(expired)))
 

@@ -41,12 +41,16 @@ NAMING_CONVENTION: Final = {
 }
 
 
+# Every stored timestamp: ISO-8601 UTC with microseconds (also parsed back by auth and jobs).
+TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
 def utc_timestamp() -> str:
     """The current time as ISO-8601 UTC with microseconds, e.g. ``2025-01-02T03:04:05.000006Z``.
 
     Fixed width, so text order is time order.
     """
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime(TIMESTAMP_FORMAT)
 
 
 def in_list(column: str, values: tuple[str, ...]) -> str:

@@ -12,7 +12,7 @@ hex, integer ranges) are ``identity.values`` (re-exported here).
 
 Refusals are ``IdentityError`` with ``rule="identity.<name>"`` (or
 ``bounds.<name>`` for section 6).  Imports: standard library,
-``kiln_registry.domain.errors`` and ``kiln_registry.identity`` only.
+``kiln_registry.domain`` (errors, limits) and ``kiln_registry.identity`` only.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from kiln_registry.domain.errors import IdentityError
+from kiln_registry.domain.limits import MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from kiln_registry.identity.bounds import validate_max_candidates
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.strict_read import DuplicateKeyError, loads_strict
@@ -57,7 +58,6 @@ IDENTITY_KEYS: tuple[str, ...] = (
 ADAPTER_KEYS: tuple[str, ...] = ("name", "weights_sha256", "config_sha256")
 
 MAX_IDENTITY_BYTES = 4096
-MAX_VOCAB_SIZE = 16_777_216
 MAX_TOP_K = 65_536
 MAX_MODEL_LEN = 16_777_216
 MIN_VLLM_VERSION = "0.20.1rc0"

@@ -34,6 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config.settings import KilnConfig
+from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.jobs.repository import JobRepository
@@ -49,7 +50,6 @@ TOMBSTONE_SUFFIX: Final = ".deleting"
 SIGNATURE_SUFFIX: Final = (
     ".sig"  # a generation corpus's detached signature (jobs.generation_output)
 )
-TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -133,7 +133,7 @@ def recover_deletions(config: KilnConfig, sessions: sessionmaker[Session]) -> in
 def cutoff(retain_days: int, now: datetime | None = None) -> str:
     """The timestamp before which a finished job is expired."""
     moment = (now or datetime.now(UTC)) - timedelta(days=retain_days)
-    return moment.strftime(TIME_FORMAT)
+    return moment.strftime(TIMESTAMP_FORMAT)
 
 
 def sweep_expired(config: KilnConfig, sessions: sessionmaker[Session]) -> int:

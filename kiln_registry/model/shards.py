@@ -8,7 +8,7 @@ hashed); else ``model.safetensors``; else every top-level ``*.safetensors``.
 ``.bin`` files never count.  Each shard must be a non-empty regular file
 with its own inode; ``config.json`` and ``tokenizer.json`` must exist.
 
-Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.domain.errors``
+Imports: standard library, ``kiln_registry.identity``, ``kiln_registry.domain`` (errors, limits)
 and ``kiln_registry.model``; never torch or transformers.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kiln_registry.domain.errors import IdentityError
+from kiln_registry.domain.limits import MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.tree import TreeFile, TreeInventory
 from kiln_registry.model.files import read_json_object
@@ -26,7 +27,6 @@ SINGLE_SHARD = "model.safetensors"
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_WEIGHT_MAP_ENTRIES = 1_000_000
-MAX_VOCAB_SIZE = 16_777_216
 
 
 def _safe_relative(name: object, index_path: str) -> str:

@@ -31,9 +31,9 @@ from typing import NoReturn
 
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.domain.limits import MAX_BODY_LIMIT, MIN_BODY_LIMIT
+from kiln_registry.domain.limits import MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from kiln_registry.domain.text import escaped_excerpt
 
-MAX_VOCAB_SIZE = 16_777_216
 NEG_INF_SENTINEL = -9999.0
 MAX_ERROR_TEXT = 400
 # Doubles at or beyond FLT_MAX + half an ulp round (to nearest, ties to even) to

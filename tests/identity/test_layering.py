@@ -1,4 +1,4 @@
-"""kiln_registry.identity imports only the stdlib, pydantic, itself and domain (errors, text).
+"""kiln_registry.identity imports only the stdlib, pydantic, itself and kiln_registry.domain.
 
 The identity layer is pure: no sockets, subprocesses, database, web framework
 or heavy ML library.  This walks every module's imports with ``ast``.
@@ -16,11 +16,8 @@ import kiln_registry.identity
 
 IDENTITY_DIR = Path(kiln_registry.identity.__file__).parent
 ALLOWED_THIRD_PARTY = {"pydantic"}
-ALLOWED_PROJECT = (
-    "kiln_registry.identity",
-    "kiln_registry.domain.errors",
-    "kiln_registry.domain.text",
-)
+# kiln_registry.domain is the lowest layer (standard library only).
+ALLOWED_PROJECT = ("kiln_registry.identity", "kiln_registry.domain.")
 FORBIDDEN_STDLIB = {"socket", "subprocess", "sqlite3", "http", "urllib", "asyncio", "ssl"}
 
 
