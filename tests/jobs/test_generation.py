@@ -9,11 +9,8 @@ and written again from the cache.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
@@ -22,28 +19,14 @@ from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.generation_output import signature_path
 from kiln_registry.jobs.models import GenerationCacheRow
 from kiln_registry.jobs.signing import parse_keys
-from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.generation_harness import (
     CHAT_MODEL_ID,
     MESSAGES,
     ChatTeacher,
-    add_chat_template,
-    chat_teacher,
     submit_generation,
 )
 from tests.jobs.harness import make_config, running_registry
 from tests.kiln_conformance.test_off_policy_examples import check_example
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Path:
-    return add_chat_template(tiny_model.path, tmp_path_factory.mktemp("chat") / "model")
-
-
-@pytest.fixture(scope="module")
-def teacher(chat_model: Path) -> Iterator[ChatTeacher]:
-    with chat_teacher(chat_model) as served:
-        yield served
 
 
 def transformers_greedy(model_dir: Path, prompt: list[int], max_tokens: int) -> list[int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +28,12 @@ from tests.jobs.generation_harness import (
     MESSAGES,
     ChatTeacher,
     Rewrite,
-    add_chat_template,
-    chat_teacher,
     rewriting_proxy,
     submit_generation,
 )
 from tests.jobs.harness import Registry, make_config, running_registry
 
 PROMPTS = [{"id": f"p{i}", "messages": m} for i, m in enumerate(MESSAGES)]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Path:
-    return add_chat_template(tiny_model.path, tmp_path_factory.mktemp("chat") / "model")
-
-
-@pytest.fixture(scope="module")
-def teacher(chat_model: Path) -> Iterator[ChatTeacher]:
-    with chat_teacher(chat_model) as served:
-        yield served
 
 
 def _refused(reg: Registry, rule: str, **fields: Any) -> None:

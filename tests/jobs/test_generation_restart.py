@@ -8,7 +8,6 @@ that verifies; no partial corpus or signature is left behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,30 +15,16 @@ import httpx
 import pytest
 
 from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port
 from tests.jobs import restart_harness as rh
 from tests.jobs.generation_harness import (
     CHAT_MODEL_ID,
     ChatTeacher,
-    add_chat_template,
-    chat_teacher,
     rewriting_proxy,
 )
 
 PROMPTS = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"quto {i} doan"}]}
            for i in range(12)]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Path:
-    return add_chat_template(tiny_model.path, tmp_path_factory.mktemp("chat") / "model")
-
-
-@pytest.fixture(scope="module")
-def teacher(chat_model: Path) -> Iterator[ChatTeacher]:
-    with chat_teacher(chat_model) as served:
-        yield served
 
 
 def _slow(i: int, body: dict[str, Any]) -> dict[str, Any]:
