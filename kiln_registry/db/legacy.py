@@ -37,7 +37,7 @@ from kiln_registry.db.models import TEACHER_KINDS, TeacherRow
 from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
 from kiln_registry.domain.aliases import alias_problem
 from kiln_registry.domain.errors import ConfigError
-from kiln_registry.domain.text import DOTS, SHOWN_CHARS, clipped
+from kiln_registry.domain.text import SHOWN_CHARS, clipped_repr
 
 LEGACY_BASE_REVISION: Final = "0000_legacy_base"
 MAX_LEGACY_ROWS: Final = 10_000
@@ -95,7 +95,7 @@ class LegacyEntry:
 
 
 def _shown(value: object) -> str:
-    return clipped(repr(value), SHOWN_CHARS, DOTS)
+    return clipped_repr(value, SHOWN_CHARS)
 
 
 def is_legacy_v0(conn: Connection) -> bool:

@@ -9,6 +9,7 @@ message long, multi-line or terminal-unsafe:
 * ``shown(value)``: a name (alias, key, id) quoted to ``SHOWN_CHARS``, ``...`` when cut;
 * ``clipped(text, limit, mark)``: at most ``limit`` characters in all, the
   last one ``mark`` when cut (stored status and error messages);
+* ``clipped_repr(value, limit)``: ``repr`` of any value, clipped as above with ``...``;
 * ``escaped_excerpt(data, limit)``: decoded bytes, control characters escaped;
 * ``line_excerpt(data, limit)``: decoded bytes on one line, white space folded;
 * ``render_errors``/``error_location``/``error_message``: one line per
@@ -44,6 +45,11 @@ def shown(value: object) -> str:
 def clipped(text: str, limit: int, mark: str = ELLIPSIS) -> str:
     """``text``, or its first ``limit - len(mark)`` characters and ``mark``."""
     return text if len(text) <= limit else text[: limit - len(mark)] + mark
+
+
+def clipped_repr(value: object, limit: int) -> str:
+    """``repr(value)`` of at most ``limit`` characters, ``...`` at the end when cut."""
+    return clipped(repr(value), limit, DOTS)
 
 
 def escaped_excerpt(data: bytes, limit: int) -> str:

@@ -7,7 +7,7 @@ expected keys) and ``show`` (a bounded repr for messages).  The identity
 document, the input manifest and the inference config use them; refusals are
 ``IdentityError`` with ``rule="<prefix>.<name>"``.
 
-Imports: standard library and ``kiln_registry.domain.errors`` only.
+Imports: standard library and ``kiln_registry.domain`` (errors, text) only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 
 from kiln_registry.domain.errors import IdentityError
+from kiln_registry.domain.text import clipped_repr
 
 MAX_TEXT_BYTES = 256
 
@@ -29,8 +30,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 def show(value: object, limit: int = 60) -> str:
     """A bounded repr for messages: untrusted values never flood a log line."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clipped_repr(value, limit)
 
 
 def is_hex64(value: object) -> bool:
