@@ -36,7 +36,7 @@ from kiln_registry.cli.server_options import (
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client.sync import RegistryClient
 from kiln_registry.domain.errors import ConfigError, InputError
-from kiln_registry.domain.vocabulary import JobStatus
+from kiln_registry.domain.vocabulary import JobKind, JobStatus
 from kiln_registry.observability.progress import ProgressBar
 
 SubParsers = Any  # argparse's _SubParsersAction is private
@@ -86,7 +86,7 @@ def _sequences_file(path: Path) -> list[object]:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    body: dict[str, object] = {"kind": "teacher_scoring", "teacher": args.teacher,
+    body: dict[str, object] = {"kind": JobKind.teacher_scoring.value, "teacher": args.teacher,
                                "top_k": args.top_k}  # fmt: skip
     if args.corpus is not None:
         body["corpus"] = {"path": args.corpus}

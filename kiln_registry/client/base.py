@@ -10,7 +10,7 @@ and ``interpret``, which turns a status and a bounded body into a value or a
 ``RegistryClientError``.  ``kiln_registry.client.sync`` (``RegistryClient``) and
 ``kiln_registry.client.asynchronous`` (``AsyncRegistryClient``) only move bytes.
 
-Imports httpx (types only), pydantic, ``kiln_registry.domain.errors``,
+Imports httpx (types only), pydantic, ``kiln_registry.domain`` (errors, text, vocabulary),
 ``client_tls`` and the wire schemas; never FastAPI, the database or numpy.
 """
 
@@ -36,7 +36,7 @@ from kiln_registry.api.schemas import (
 from kiln_registry.client.tls import check_token, tls_context, tls_refusal, token_from_env
 from kiln_registry.domain.aliases import alias_path_segment, alias_problem
 from kiln_registry.domain.errors import InputError, KilnError
-from kiln_registry.domain.text import line_excerpt, quoted
+from kiln_registry.domain.text import error_location, line_excerpt, quoted
 from kiln_registry.domain.vocabulary import TERMINAL_JOB_STATUSES
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
@@ -270,7 +270,7 @@ def _model(model: type[_Model], where: str) -> Callable[[Any], _Model]:
         try:
             return model.model_validate(data)
         except ValidationError as exc:
-            fields = sorted({".".join(str(p) for p in e["loc"]) or "body" for e in exc.errors()})
+            fields = sorted({error_location(e["loc"], empty="body") for e in exc.errors()})
             raise invalid(
                 f"{where} answered a body that is not a {model.__name__}"
                 f" (bad fields: {', '.join(fields[:10])})"
