@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln_registry.api.schemas import Sha256Hex, TeacherIdentityV1
 
+NDJSON = "application/x-ndjson"  # the result corpus's media type
 LINE_MODELS_DESCRIPTION = (
     "Newline-delimited JSON, one line per record: line 1 is an `OffPolicyManifestLine` (the"
     " alias's exact `off_policy_manifest`), then one `TeacherScoresRow` per sequence, and last"

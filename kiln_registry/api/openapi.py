@@ -30,7 +30,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from kiln_registry.api.corpus_schemas import LINE_MODELS, LINE_MODELS_DESCRIPTION
+from kiln_registry.api.corpus_schemas import LINE_MODELS, LINE_MODELS_DESCRIPTION, NDJSON
 from kiln_registry.api.examples import (
     METRICS_EXAMPLE,
     body_examples,
@@ -139,7 +139,6 @@ def _add_security(schema: dict[str, Any]) -> None:
                 operation["x-kiln-scope"] = scope
 
 
-NDJSON = "application/x-ndjson"
 REF = "#/components/schemas/"
 # Query and path parameters the routes declare without a description (shared meanings).
 PARAMETER_DESCRIPTIONS = {

@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
+from kiln_registry.api.corpus_schemas import NDJSON
 from kiln_registry.api.jobs_schemas import (
     JOB_ID_PATTERN,
     AnyJobCreate,
@@ -45,7 +46,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job id.")]
 RESULT_CHUNK = 1 << 20
-NDJSON = "application/x-ndjson"
 
 
 def _workers(request: Request) -> Any:
