@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kiln_registry.domain.errors import InputError, KilnError, LauncherError
 from kiln_registry.launcher import fsops
+from kiln_registry.launcher.fsops import DIR_FLAGS
 from kiln_registry.launcher.policy import (
     DEFAULT_CACHE_SUBDIR,
     DEFAULT_SNAPSHOT_SUBDIR,
@@ -51,7 +52,6 @@ from kiln_registry.launcher.roots import (
 )
 
 MAX_SCANNED_ENTRIES = 100_000
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SNAPSHOT_KINDS = frozenset({".building", "ready"})
 _CACHE_KINDS = frozenset({"cache"})
 USAGE = """\
@@ -121,7 +121,7 @@ def _classify(root_fd: int, dev: int, name: str, pid: int) -> tuple[str, str]:
             return "skip", "a mount point; left alone"
         if info.st_uid != os.geteuid():
             return "skip", f"owned by UID {info.st_uid}; left alone"
-        child_fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+        child_fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
     except FileNotFoundError:
         return "gone", "already removed"
     except OSError as exc:

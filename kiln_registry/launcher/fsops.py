@@ -40,7 +40,8 @@ _NO_REFLINK = frozenset(
     {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS}
 )
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# How every launcher module opens a directory: never through a symlink, never inherited.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -266,7 +267,7 @@ def _clear_directory(fd: int, dev: int, depth: int, budget: RemovalBudget, shown
         if not stat.S_ISDIR(entry.st_mode):
             os.unlink(name, dir_fd=fd)  # a link is removed, never followed
             continue
-        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        child = os.open(name, DIR_FLAGS, dir_fd=fd)
         try:
             _clear_directory(child, dev, depth + 1, budget, f"{shown}/{name}")
         finally:
@@ -281,7 +282,7 @@ def remove_tree_at(parent_fd: int, name: str, *, dev: int, shown: str) -> bool:
     from ``dev``.  Returns ``False`` when ``name`` does not exist (idempotent).
     """
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
         return False
     except OSError as exc:

@@ -15,8 +15,9 @@ ticks since boot) and ``boot_id`` is ``/proc/sys/kernel/random/boot_id``.  A
 child's owner is alive only if the same boot is running and the PID still
 exists with the same start time, so PID reuse and host resets are detected.
 
-Imports: standard library and ``kiln_registry.domain.errors`` only; no subprocess,
-sockets, database or web framework.
+Imports: standard library, ``kiln_registry.domain.errors`` and
+``launcher.fsops`` (``DIR_FLAGS``) only; no subprocess, sockets, database or web
+framework.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln_registry.domain.errors import LauncherError
+from kiln_registry.launcher.fsops import DIR_FLAGS
 
 PathArg = str | os.PathLike[str]
 
@@ -39,7 +41,6 @@ OWNER_NAME = ".kiln-owner"
 OWNER_SCHEMA = "kiln.launcher-owner.v1"
 MAX_OWNER_BYTES = 4096
 CHILD_NAME = re.compile(r"(\.building|ready|cache)-([1-9][0-9]{0,9})-([0-9a-f]{32})")
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DEFAULT_OVERFLOW_UID = 65534
 
@@ -107,7 +108,7 @@ def _open_component(part: str, dir_fd: int, create: bool) -> int:
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(part, 0o700, dir_fd=dir_fd)
-    return os.open(part, _DIR_FLAGS, dir_fd=dir_fd)
+    return os.open(part, DIR_FLAGS, dir_fd=dir_fd)
 
 
 def _open_ancestry(parent: str, what: str, create: bool) -> int:
@@ -116,7 +117,7 @@ def _open_ancestry(parent: str, what: str, create: bool) -> int:
     With ``create``, missing components are made with mode 0700 (``mkdir -p``).
     """
     owners = _ancestry_owners()
-    fd = os.open("/", _DIR_FLAGS)
+    fd = os.open("/", DIR_FLAGS)
     try:
         _check_ancestor(os.fstat(fd), "/", what, owners)
         shown = ""
@@ -151,7 +152,7 @@ def _open_final(parent_fd: int, name: str, shown: str, what: str, create: bool) 
                 f"{what} {shown} cannot be created: {exc.strerror}", rule="roots.create"
             ) from None
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise LauncherError(

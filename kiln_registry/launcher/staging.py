@@ -39,7 +39,7 @@ from kiln_registry.domain.errors import KilnError, LauncherError
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import ManifestFile, snapshot_content_sha256
 from kiln_registry.launcher import fsops
-from kiln_registry.launcher.fsops import Progress
+from kiln_registry.launcher.fsops import DIR_FLAGS, Progress
 from kiln_registry.launcher.roots import (
     PathArg,
     check_distinct_roots,
@@ -71,7 +71,6 @@ __all__ = [
 ]
 
 DEFAULT_LIMITS = StagingLimits()
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -155,7 +154,7 @@ def _build(
     has_adapter = plan.adapter is not None
     try:
         os.mkdir(building, 0o700, dir_fd=target.root_fd)
-        fd = os.open(building, _DIR_FLAGS, dir_fd=target.root_fd)
+        fd = os.open(building, DIR_FLAGS, dir_fd=target.root_fd)
         try:
             manifest, results = populate(fd, plan, limiter, workers, progress, limits)
         finally:
@@ -250,7 +249,7 @@ def create_private_cache(cache_root: PathArg) -> PrivateCache:
     try:
         dev = os.fstat(root_fd).st_dev
         os.mkdir(name, 0o700, dir_fd=root_fd)
-        fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+        fd = os.open(name, DIR_FLAGS, dir_fd=root_fd)
         try:
             os.fchmod(fd, 0o700)
             write_owner_record(fd, current_owner())

@@ -26,10 +26,10 @@ from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.snapshot_manifest import SNAPSHOT_MANIFEST_NAME, build_snapshot_manifest
 from kiln_registry.identity.tree import SYMLINK_HINT, TreeFile, inventory_tree
 from kiln_registry.launcher import fsops
+from kiln_registry.launcher.fsops import DIR_FLAGS
 from kiln_registry.launcher.roots import current_owner, write_owner_record
 from kiln_registry.launcher.staging_plan import FileJob, StagingLimits, StagingPlan
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SOURCE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -174,7 +174,7 @@ def _write_new_file(dir_fd: int, name: str, data: bytes) -> None:
 def _seal(building_fd: int, directories: tuple[str, ...]) -> None:
     """Directories 0500 and fsynced, deepest first; then the top directory."""
     for relpath in reversed(directories):
-        fd = os.open(relpath, _DIR_FLAGS, dir_fd=building_fd)
+        fd = os.open(relpath, DIR_FLAGS, dir_fd=building_fd)
         try:
             os.fchmod(fd, 0o500)
             os.fsync(fd)
