@@ -29,7 +29,7 @@ from kiln_registry.db.models import utc_timestamp
 from kiln_registry.domain.errors import InputError, JobConflict
 from kiln_registry.jobs.models import ScoreCacheRow
 
-LOOKUP_CHUNK: Final = 500
+LOOKUP_CHUNK: Final = 500  # keys per IN (...) query; also the generation cache's
 HEX64_CHARS: Final = frozenset("0123456789abcdef")
 
 

@@ -47,6 +47,7 @@ from kiln_registry.domain.errors import JobConflict, KilnError, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
+from kiln_registry.jobs.cache import LOOKUP_CHUNK
 from kiln_registry.jobs.corpus import trailer_line
 from kiln_registry.jobs.generation_sources import GenerationSettings
 from kiln_registry.jobs.generation_wire import Generated
@@ -56,7 +57,6 @@ from kiln_registry.jobs.signing import CorpusSigner
 META_FORMAT: Final = "kiln-registry.generation.v1"
 EXAMPLE_KEYS: Final = ("id", "messages", "teacher_response", "teacher_tokens", "metadata")
 SIGNATURE_SUFFIX: Final = ".sig"
-LOOKUP_CHUNK: Final = 500
 MAX_SIGNATURE_BYTES: Final = 1024
 
 

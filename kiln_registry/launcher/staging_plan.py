@@ -20,10 +20,15 @@ from dataclasses import dataclass
 
 from kiln_registry.domain.errors import IdentityError, LauncherError
 from kiln_registry.identity.snapshot_manifest import MAX_MANIFEST_BYTES
-from kiln_registry.identity.tree import TreeFile, TreeInventory, TreeLimits, inventory_tree
+from kiln_registry.identity.tree import (
+    MIB,
+    TIB,
+    TreeFile,
+    TreeInventory,
+    TreeLimits,
+    inventory_tree,
+)
 
-TIB = 1024**4
-MIB = 1024**2
 # Bytes of the manifest row of a file beyond its path ({"path":"","bytes":N,"sha256":"<64>"},).
 _MANIFEST_FILE_ROW = 112
 _MANIFEST_SLACK = 256
