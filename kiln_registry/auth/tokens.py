@@ -11,7 +11,8 @@ and ``admin`` (everything, including the audit log and alias release).
 
 ``TokenIdentity`` is the caller an authenticated request carries in its ASGI
 scope (``scope["state"]["kiln_token"]``); its repr names the token, never the
-secret.  Imports the standard library only.
+secret.  Imports the standard library, ``domain.errors`` and the token shape
+and its redaction from ``credentials.redaction``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Final
 
+from kiln_registry.credentials.redaction import TOKEN_PATTERN as TOKEN_PATTERN
+from kiln_registry.credentials.redaction import TOKEN_PREFIX as TOKEN_PREFIX
+from kiln_registry.credentials.redaction import redact_tokens as redact_tokens
 from kiln_registry.domain.errors import InputError
 
-TOKEN_PREFIX: Final = "kiln_"
 TOKEN_RANDOM_BYTES: Final = 32
 MAX_TOKEN_CHARS: Final = 256
 SCOPES: Final = ("read", "register", "jobs", "admin")
@@ -32,8 +35,6 @@ MAX_NAME_CHARS: Final = 64
 MAX_EXPIRES_DAYS: Final = 3650
 _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TOKEN: Final = re.compile(r"^kiln_[A-Za-z0-9_-]{43,251}$")
-# Anything that looks like a token, for log redaction (see ``redact_tokens``).
-TOKEN_PATTERN: Final = re.compile(r"kiln_[A-Za-z0-9_-]{20,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +61,6 @@ def well_formed(token: str) -> bool:
 def token_digest(token: str) -> str:
     """SHA-256 of the whole token, lower-case hex (what the tokens table stores)."""
     return hashlib.sha256(token.encode("ascii")).hexdigest()
-
-
-def redact_tokens(text: str) -> str:
-    """``text`` with anything shaped like a token replaced by ``kiln_[redacted]``."""
-    if TOKEN_PREFIX not in text:
-        return text
-    return TOKEN_PATTERN.sub("kiln_[redacted]", text)
 
 
 def check_name(name: str) -> str:

@@ -39,7 +39,7 @@ from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.observability.progress import ProgressBar
 
 if TYPE_CHECKING:
-    from kiln_registry.jobs.corpus_verify import CorpusSummary
+    from kiln_registry.jobs.corpus_signed import CorpusSummary
     from kiln_registry.jobs.signing import PublicKey
 
 SubParsers = Any  # argparse's _SubParsersAction is private

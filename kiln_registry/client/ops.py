@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kiln_registry.api.admin_schemas import AuditEvent, AuditResponse, ReleaseResponse
 from kiln_registry.api.jobs_schemas import (
     DeleteJobResponse,
     JobPublic,
@@ -34,7 +35,6 @@ from kiln_registry.api.schemas import (
     TeacherEntry,
     TeachersListResponse,
 )
-from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
 from kiln_registry.client.base import (
     MAX_RESULT_BYTES,
     AwaitingClient,

@@ -5,7 +5,9 @@ values are looked up at the moment text is scrubbed, so a rotated secret is
 redacted too and no value is ever kept in an object.  ``redact_text`` is for
 strings (teacher error bodies, messages); ``SecretRedactionFilter`` is a
 ``logging.Filter`` for records; ``install_redaction`` attaches one filter to
-the root and uvicorn loggers and their handlers.
+the root and uvicorn loggers and their handlers.  ``redact_tokens`` replaces
+anything shaped like a registry API token (``kiln_`` + URL-safe characters;
+``auth.tokens`` mints them) with ``kiln_[redacted]``.
 
 Imports: standard library only.
 """
@@ -14,12 +16,27 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
 
 REDACTED = "[redacted]"
 DEFAULT_LOGGERS: tuple[str, ...] = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
 
 _FORMATTER = logging.Formatter()
+
+
+# Every registry API token starts with this (``auth.tokens.generate_token``).
+TOKEN_PREFIX: Final = "kiln_"
+# Anything that looks like a token, for log redaction (see ``redact_tokens``).
+TOKEN_PATTERN: Final = re.compile(r"kiln_[A-Za-z0-9_-]{20,}")
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with anything shaped like a token replaced by ``kiln_[redacted]``."""
+    if TOKEN_PREFIX not in text:
+        return text
+    return TOKEN_PATTERN.sub("kiln_[redacted]", text)
 
 
 def _current_values(names: Iterable[str], environ: Mapping[str, str] | None) -> list[str]:

@@ -26,7 +26,9 @@ from kiln_registry.domain.errors import IdentityError
 from kiln_registry.domain.limits import MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from kiln_registry.identity.bounds import validate_max_candidates
 from kiln_registry.identity.canonical import canonical_json
+from kiln_registry.identity.fingerprint_text import fingerprint_of_canonical
 from kiln_registry.identity.strict_read import DuplicateKeyError, loads_strict
+from kiln_registry.identity.values import MAX_IDENTITY_BYTES as MAX_IDENTITY_BYTES
 from kiln_registry.identity.values import MAX_TEXT_BYTES as MAX_TEXT_BYTES
 from kiln_registry.identity.values import WHITE_SPACE as WHITE_SPACE
 from kiln_registry.identity.values import check_hex as check_hex
@@ -57,7 +59,6 @@ IDENTITY_KEYS: tuple[str, ...] = (
 )
 ADAPTER_KEYS: tuple[str, ...] = ("name", "weights_sha256", "config_sha256")
 
-MAX_IDENTITY_BYTES = 4096
 MAX_TOP_K = 65_536
 MAX_MODEL_LEN = 16_777_216
 MIN_VLLM_VERSION = "0.20.1rc0"
@@ -334,7 +335,4 @@ def _digest(identity: TeacherIdentity) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _fingerprint(identity: TeacherIdentity) -> str:
-    # Imported here because fingerprint.py imports this module.
-    from kiln_registry.identity.fingerprint import encode_fingerprint
-
-    return encode_fingerprint(identity)
+    return fingerprint_of_canonical(_canonical_bytes(identity))

@@ -22,9 +22,10 @@ from kiln_registry.domain.errors import FingerprintError, IdentityError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.identity.document import IDENTITY_KEYS, TeacherIdentity, is_hex64, show
 from kiln_registry.identity.document import MAX_IDENTITY_BYTES as MAX_IDENTITY_BYTES
-
-FINGERPRINT_PREFIX = "kiln-teacher-v1"
-MAX_FINGERPRINT_BYTES = 6144
+from kiln_registry.identity.fingerprint_text import FINGERPRINT_PREFIX as FINGERPRINT_PREFIX
+from kiln_registry.identity.fingerprint_text import MAX_FINGERPRINT_BYTES as MAX_FINGERPRINT_BYTES
+from kiln_registry.identity.fingerprint_text import b64encode as _b64encode
+from kiln_registry.identity.fingerprint_text import fingerprint_of_canonical
 
 # In the order the verifier checks them.
 FINGERPRINT_RULES: tuple[str, ...] = (
@@ -61,26 +62,9 @@ _JSON_RULES = {
 }
 
 
-def _b64encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
 def encode_fingerprint(identity: TeacherIdentity) -> str:
     """The fingerprint of a (construction-validated) identity."""
-    document = identity.canonical_bytes()
-    if len(document) > MAX_IDENTITY_BYTES:
-        raise IdentityError(
-            f"canonical identity is {len(document)} bytes, over {MAX_IDENTITY_BYTES}",
-            rule="identity.size",
-        )
-    digest = hashlib.sha256(document).hexdigest()
-    text = f"{FINGERPRINT_PREFIX}.{_b64encode(document)}.{digest}"
-    if len(text) > MAX_FINGERPRINT_BYTES:  # ASCII only: characters are bytes
-        raise IdentityError(
-            f"fingerprint is {len(text)} bytes, over {MAX_FINGERPRINT_BYTES}",
-            rule="fingerprint.size",
-        )
-    return text
+    return fingerprint_of_canonical(identity.canonical_bytes())
 
 
 def _fail(rule: str, message: str) -> FingerprintError:

@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from kiln_registry.domain.errors import IdentityError
 from kiln_registry.domain.text import clipped_repr
 
+# The canonical identity document's size bound (identity.md: the fingerprint section).
+MAX_IDENTITY_BYTES = 4096
+
 MAX_TEXT_BYTES = 256
 
 # Unicode White_Space (what Rust's str::trim strips), and general category Cc.

@@ -32,8 +32,7 @@ from typing import Final
 
 import orjson
 
-from kiln_registry.auth.tokens import redact_tokens
-from kiln_registry.credentials.redaction import install_redaction, redact_text
+from kiln_registry.credentials.redaction import install_redaction, redact_text, redact_tokens
 from kiln_registry.observability.access import FIELDS_ATTR
 from kiln_registry.observability.request_id import current_request_id
 

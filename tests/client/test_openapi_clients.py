@@ -24,11 +24,11 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from kiln_registry.api import admin_schemas as wire
 from kiln_registry.api import corpus_schemas, jobs_schemas, schemas
 from kiln_registry.api.app import create_app
 from kiln_registry.api.examples import body_examples, error_example, ndjson_example
 from kiln_registry.api.routes import keys
-from kiln_registry.auth import wire
 from tests.client.conftest import ALIAS
 from tests.jobs.harness import Registry
 

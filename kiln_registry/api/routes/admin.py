@@ -15,12 +15,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query
 from starlette.concurrency import run_in_threadpool
 
+from kiln_registry.api.admin_schemas import AuditEvent, AuditResponse, ReleaseResponse
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.paging import MAX_CURSOR_CHARS, decode_key, encode_key
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import error_responses
 from kiln_registry.auth.repository import AuditRepository, ReservedAliases
-from kiln_registry.auth.wire import AuditEvent, AuditResponse, ReleaseResponse
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.domain.text import quoted
 

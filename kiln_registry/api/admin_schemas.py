@@ -1,7 +1,8 @@
 """Wire shapes of the admin routes (``GET /v1/audit``, alias release).
 
 Shared by the route (``api.routes.admin``) and the client.  An audit event
-names a token, never holds one.  Imports pydantic and ``api.schemas``.
+names a token, never holds one.  Imports pydantic and ``api.schemas``; lives in
+``api`` (not ``auth``) so that ``auth`` imports nothing of the API.
 """
 
 from __future__ import annotations
