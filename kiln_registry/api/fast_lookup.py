@@ -18,17 +18,13 @@ every request.  Imports the standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable
+
+from kiln_registry.domain.asgi import ASGIApp, Receive, Scope, Send
 
 PREFIX = "/v1/teachers/"
 SUFFIX_ROUTES = ("/receipts",)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Lookup = Callable[[str], bytes | None]
 
 

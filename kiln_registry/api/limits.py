@@ -21,8 +21,8 @@ Imports the standard library only.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+
+from kiln_registry.domain.asgi import ASGIApp, Message, Receive, Scope, Send
 
 MAX_REQUEST_BYTES = 64 * 1024
 # Job submissions may carry inline token sequences (up to 1M tokens).
@@ -31,12 +31,6 @@ PATH_LIMITS: tuple[tuple[str, int], ...] = (("/v1/jobs", MAX_JOB_REQUEST_BYTES),
 # Two maximal job bodies at a time; their parsing is a small multiple of their size.
 MAX_BYTES_IN_FLIGHT = 2 * MAX_JOB_REQUEST_BYTES
 RETRY_AFTER_S = 1
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def _too_large_body(limit: int) -> bytes:

@@ -30,8 +30,7 @@ Imports the standard library, anyio and the ``auth`` package.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import Final
 
 import anyio
 
@@ -40,12 +39,7 @@ from kiln_registry.auth.scopes import audit_action, required_scope
 from kiln_registry.auth.store import AuthStore
 from kiln_registry.auth.tokens import TokenIdentity
 from kiln_registry.credentials.redaction import redact_text
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from kiln_registry.domain.asgi import ASGIApp, Message, Receive, Scope, Send
 
 STATE_KEY: Final = "kiln_token"
 READ_ONLY: Final = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -24,19 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import Final
 
 from starlette.routing import Match
 
+from kiln_registry.domain.asgi import ASGIApp, Message, Receive, Scope, Send
 from kiln_registry.observability.metrics import RegistryMetrics, method_label
 from kiln_registry.observability.request_id import HEADER, RequestIds, current_request_id
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ACCESS_LOGGER: Final = "kiln_registry.access"
 FIELDS_ATTR: Final = "kiln_access"  # the access record's fields (a dict) on the LogRecord

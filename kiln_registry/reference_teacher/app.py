@@ -20,13 +20,13 @@ import os
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from kiln_registry.domain.asgi import ASGIApp, Receive, Scope, Send
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.text import quoted
 from kiln_registry.reference_teacher.model import ReferenceTeacher
@@ -43,12 +43,6 @@ LOG = logging.getLogger("kiln_registry.reference_teacher")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _JSON = "application/json"
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def check_env_name(name: str) -> str:
