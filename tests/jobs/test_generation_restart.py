@@ -43,7 +43,7 @@ def test_sigkill_mid_generation_job_then_restart_resumes_from_the_cache(
         with rh.kiln_serve(config, log, port) as first:
             rh.register(url, {"alias": "t", "kind": "remote", "provider": "vllm",
                            "model_id": CHAT_MODEL_ID, "url": proxy})  # fmt: skip
-            submitted = httpx.post(f"{url}/v1/jobs", timeout=30, json={
+            submitted = httpx.post(f"{url}/v1/jobs", timeout=120, json={
                 "kind": "off_policy_generation", "teacher": "t", "max_tokens": 4, "top_k": 2,
                 "prompts": PROMPTS,
             })  # fmt: skip
