@@ -7,7 +7,7 @@ visible-ASCII values; no folding), and unambiguous framing: at most one
 ``Content-Length`` of plain digits, or ``Transfer-Encoding: chunked``, never
 both.  Failures carry a short reason that never quotes upstream bytes.
 
-Imports: standard library only.
+Imports: standard library and ``kiln_registry.domain.limits`` only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-MAX_HEAD_BYTES = 64 * 1024
+from kiln_registry.domain.limits import MAX_RESPONSE_HEAD_BYTES
+
 MAX_HEADERS = 128
 _STATUS_LINE = re.compile(rb"HTTP/1\.1 ([1-5][0-9][0-9]) ([\x20-\x7e\t]*)")
 # Every header line with its CRLF, checked in one pass (token name, colon, visible ASCII).
@@ -52,7 +53,7 @@ class ResponseHead(NamedTuple):
 
 def parse_response_head(raw: bytes) -> ResponseHead:
     """Parse a response head ending in CRLF CRLF (the terminator included)."""
-    if len(raw) > MAX_HEAD_BYTES:
+    if len(raw) > MAX_RESPONSE_HEAD_BYTES:
         raise UpstreamFailed("the upstream's response head is too large")
     first = raw.find(b"\r\n")
     status = _STATUS_LINE.fullmatch(raw, 0, first)

@@ -29,8 +29,8 @@ import re
 from collections.abc import Sequence
 from typing import Protocol, cast
 
+from kiln_registry.domain.limits import MAX_RESPONSE_HEAD_BYTES
 from kiln_registry.gateway.response import (
-    MAX_HEAD_BYTES,
     OverBound,
     ResponseHead,
     StaleConnection,
@@ -167,9 +167,9 @@ class UpstreamConnection(asyncio.Protocol):
     def _head(self, data: bytes | memoryview) -> memoryview | None:
         """Parse one head; the bytes after it, or None when more are needed or it ended."""
         raw = bytes(self.buffer + data) if self.buffer else bytes(data)
-        end = raw.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)
+        end = raw.find(b"\r\n\r\n", 0, MAX_RESPONSE_HEAD_BYTES)
         if end < 0:
-            if len(raw) >= MAX_HEAD_BYTES:
+            if len(raw) >= MAX_RESPONSE_HEAD_BYTES:
                 raise UpstreamFailed("the upstream sent an over-long head or line")
             self.buffer = bytearray(raw)
             return None

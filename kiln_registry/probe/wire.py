@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import h11
 
+from kiln_registry.domain.limits import MAX_RESPONSE_HEAD_BYTES
 from kiln_registry.probe.parse import fail
 from kiln_registry.probe.transport import (
     Request,
@@ -46,7 +47,6 @@ from kiln_registry.probe.transport import (
 )
 
 READ_BYTES: Final = 64 * 1024
-MAX_HEAD_BYTES: Final = 64 * 1024
 MAX_INTERIM_RESPONSES: Final = 4
 
 
@@ -82,7 +82,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_RESPONSE_HEAD_BYTES)
 
     def close(self) -> None:
         # Nothing is in flight on a connection being dropped, so there is no TLS
