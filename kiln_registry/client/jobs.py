@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from kiln_registry.api.jobs_schemas import JobPublic
 from kiln_registry.client.base import TERMINAL, AwaitingClient, BlockingClient, Request, invalid
 from kiln_registry.domain.errors import InputError, KilnError
+from kiln_registry.domain.vocabulary import JobKind
 
 if TYPE_CHECKING:
     from kiln_registry.jobs.corpus_signed import CorpusSummary
@@ -122,7 +123,7 @@ class Waiter(Request[JobPublic]):
             await asyncio.sleep(self.interval)
 
 
-VERIFIABLE_KINDS = ("teacher_scoring", "off_policy_generation")
+VERIFIABLE_KINDS = (JobKind.teacher_scoring.value, JobKind.off_policy_generation.value)
 SIGNATURE_HEADER = "x-kiln-corpus-signature"
 MAX_SIGNATURE_CHARS = 1024
 

@@ -48,6 +48,7 @@ from kiln_registry.client.base import (
 )
 from kiln_registry.client.jobs import Download, ProgressCallback, Waiter
 from kiln_registry.domain.errors import InputError
+from kiln_registry.domain.vocabulary import JobKind
 
 
 def _query(**params: object) -> str:
@@ -152,7 +153,11 @@ def scoring_job_body(
     """The body of a ``teacher_scoring`` job: exactly one of ``sequences`` and ``corpus``."""
     if (sequences is None) == (corpus is None):
         raise InputError("give exactly one of sequences and corpus", rule="client.job_source")
-    body: dict[str, object] = {"kind": "teacher_scoring", "teacher": teacher, "top_k": top_k}
+    body: dict[str, object] = {
+        "kind": JobKind.teacher_scoring.value,
+        "teacher": teacher,
+        "top_k": top_k,
+    }
     if corpus is not None:
         body["corpus"] = {"path": corpus}
     else:
