@@ -130,7 +130,7 @@ def _show(args: argparse.Namespace) -> int:
         job = _follow(client, args.job_id, args.interval) if args.follow else None
         job = job or client.get_job(args.job_id)
     _emit(job, args.json)
-    return 1 if args.follow and job.status != "succeeded" else 0
+    return 1 if args.follow and job.status != JobStatus.succeeded else 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
