@@ -37,6 +37,7 @@ from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import KilnError
+from kiln_registry.jobs.generation_output import signature_path
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.service import result_dir
 
@@ -47,9 +48,6 @@ SWEEP_BATCH: Final = 100
 MAX_SWEEP_ROUNDS: Final = 1000  # 100,000 jobs per sweep; the next sweep takes the rest
 MAX_TOMBSTONES: Final = 10_000
 TOMBSTONE_SUFFIX: Final = ".deleting"
-SIGNATURE_SUFFIX: Final = (
-    ".sig"  # a generation corpus's detached signature (jobs.generation_output)
-)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -70,7 +68,7 @@ def _result_files(result_path: str | None) -> list[Path]:
     if result_path is None:
         return []
     corpus = Path(result_path)
-    return [corpus, corpus.with_name(corpus.name + SIGNATURE_SUFFIX)]
+    return [corpus, signature_path(corpus)]
 
 
 def _set_aside(result_path: str | None) -> list[tuple[Path, Path]]:

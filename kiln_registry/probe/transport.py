@@ -45,11 +45,11 @@ import h11
 import httpx
 
 from kiln_registry.domain.errors import ProbeFailed
+from kiln_registry.domain.limits import ERROR_BODY_READ_LIMIT as ERROR_BODY_READ_LIMIT
 from kiln_registry.domain.text import quoted
 from kiln_registry.probe.exposure import unreachable
 from kiln_registry.probe.parse import fail
 
-ERROR_BODY_READ_LIMIT = 64 * 1024
 CAUSE_CHAIN_DEPTH = 8
 
 
