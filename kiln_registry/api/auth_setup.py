@@ -4,7 +4,7 @@ With ``[server] auth`` resolved to required the middleware checks tokens
 against a ``TokenTable`` on the registry's database; with auth off it only
 records the audit log and marks every request's caller as ``None``.  The
 token table's connection is closed when the registry context closes.
-Imports the ``auth`` package, ``config_access`` and the API context.
+Imports the ``auth`` package, ``config.access`` and the API context.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ whose lines are the component schemas of ``api.corpus_schemas``, named in
 scheme ``bearerAuth`` with the token scope in ``x-kiln-scope`` (the rule of
 ``auth.scopes``, as served with the default ``metrics_public = false``), or an
 empty ``security`` list for the open routes; and each can answer ``431``
-(``serve_guard``'s bound on the request head, plain text).  ``install_openapi``
+(``serve.guard``'s bound on the request head, plain text).  ``install_openapi``
 replaces ``app.openapi`` with a generator that drops those entries and caches
 the result as FastAPI does.  Imports FastAPI, pydantic, ``api.examples``,
 ``api.corpus_schemas`` and ``auth.scopes``.

@@ -11,7 +11,7 @@
   anything shaped like a token (``kiln_`` + 20 or more URL-safe characters)
   in every log line, so even a token sent in a query string never reaches
   the log.
-Imports the standard library, ``config_access``, ``auth.tokens`` and errors.
+Imports the standard library, ``config.access``, ``auth.tokens`` and errors.
 """
 
 from __future__ import annotations

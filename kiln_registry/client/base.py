@@ -11,7 +11,7 @@ and ``interpret``, which turns a status and a bounded body into a value or a
 ``kiln_registry.client.asynchronous`` (``AsyncRegistryClient``) only move bytes.
 
 Imports httpx (types only), pydantic, ``kiln_registry.domain`` (errors, text, vocabulary),
-``client_tls`` and the wire schemas; never FastAPI, the database or numpy.
+``client.tls`` and the wire schemas; never FastAPI, the database or numpy.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ query, JSON body and the parser of the answer into the wire schema.  The
 public operations take the signature (and docstring) of the client method
 they become (``client.core``'s table): ``RegistryClient`` and
 ``AsyncRegistryClient`` run the same calls.  Imports
-pydantic, ``client_base`` and the wire schemas; never httpx.
+pydantic, ``client.base`` and the wire schemas; never httpx.
 """
 
 from __future__ import annotations

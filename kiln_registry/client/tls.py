@@ -13,7 +13,7 @@ failure a TLS setting can fix: a registry under mutual TLS that drops the
 connection right after the handshake (uvicorn sends no TLS alert, so this is
 the only sign: no client certificate, or one it does not accept); a server
 certificate the trust store does not know.
-``client_base.unreachable`` asks it about the exception being handled.
+``client.base.unreachable`` asks it about the exception being handled.
 Imports the standard library, httpx, ``auth.tokens`` and errors only.
 """
 

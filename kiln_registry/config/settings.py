@@ -170,7 +170,7 @@ class ServerConfig(KilnServerKeys, ServerGuardKeys):
     probe_timeout_s: Annotated[StrictFloat, Field(gt=0, le=600)] = 10.0
     teacher_ca_file: ConfigPath | None = None
     local_launch_deadline_s: Annotated[StrictFloat, Field(gt=0, le=86400)] | None = None
-    # Access control and TLS (issue 15; rules in config_access).
+    # Access control and TLS (issue 15; rules in config.access).
     auth: Literal["required", "off"] | None = None
     metrics_public: StrictBool = False
     tls_cert_file: ConfigPath | None = None
@@ -267,7 +267,7 @@ class JobsConfig(JobsGuardKeys):
 
 
 class KilnConfig(KilnSections):
-    """The whole of kiln.toml: the registry's tables and Kiln's (see ``config_kiln``)."""
+    """The whole of kiln.toml: the registry's tables and Kiln's (see ``config.kiln``)."""
 
     model_config = _FROZEN
 

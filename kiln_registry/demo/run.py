@@ -17,7 +17,7 @@ children also get SIGTERM if the demo itself dies (``PR_SET_PDEATHSIG``).
 The child processes and the cleanup live in ``kiln_registry.demo.processes``.
 
 Imports: standard library, httpx, platformdirs and kiln_registry's client,
-errors, ``demo_processes`` and (inside ``ensure_demo_model``) the tiny model
+errors, ``demo.processes`` and (inside ``ensure_demo_model``) the tiny model
 builder; torch only through that builder and the child processes.  No
 network beyond loopback.
 """
