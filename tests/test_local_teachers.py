@@ -32,7 +32,7 @@ from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.launcher.supervisor import HealthTarget, ProcessGroup
-from kiln_registry.local.launch_spec import LaunchSpec, launch_environment, launcher_argv
+from kiln_registry.local.launch_spec import LaunchSpec, launch_environment, launcher_flags
 from kiln_registry.model.inspect import inspect_model
 from kiln_registry.reference_teacher.identity import RuntimeVersions, reference_identity
 from kiln_registry.serve.startup import build_context, prepare
@@ -219,13 +219,35 @@ def setup(tmp_path: Path, tiny_model: TinyModel) -> Setup:
 
 def test_profile_becomes_launcher_flags_on_loopback(setup: Setup) -> None:
     from kiln_registry.config.settings import load_config
-    from kiln_registry.launcher.policy import parse_launcher_argv
+    from kiln_registry.launcher.policy import parse_launcher_argv, request_from_flags
 
     profile = load_config(setup.config).teachers.local[PROFILE]
-    request = parse_launcher_argv(launcher_argv(PROFILE, profile), {})
+    flags, vllm = launcher_flags(PROFILE, profile)
+    request = request_from_flags(flags, vllm, {})
     assert request.served_model_id == SERVED and request.max_top_k == 8
     assert request.vllm_options.host == "127.0.0.1" and request.vllm_options.port == setup.port
     assert request.snapshot_root == str(setup.snapshots) and request.mode == "launch"
+    # The same request as the equivalent kiln-teacher command line.
+    argv = [f"--{name}={value}" for name, value in flags.items()]
+    assert parse_launcher_argv([*argv, "--", *vllm], {}) == request
+
+
+def test_separated_flags_are_checked_like_the_command_line() -> None:
+    from kiln_registry.domain.errors import InputError
+    from kiln_registry.launcher.policy import request_from_flags
+
+    base = {"model-path": "/m", "served-model-id": "t", "max-top-k": "8", "max-model-len": "64"}
+    cases = [
+        ({**base, "model-path": "/m\nx"}, "launcher.control"),
+        ({**base, "served-model-id": "_x"}, "launcher.served_model_id"),
+        ({**base, "max-top-k": ""}, "launcher.value"),
+        ({**base, "no-such-flag": "1"}, "launcher.unknown_flag"),
+        ({**base, "dry-run": "yes"}, "launcher.form"),
+    ]
+    for flags, rule in cases:
+        with pytest.raises(InputError) as caught:
+            request_from_flags(flags, [], {})
+        assert caught.value.rule == rule, flags
 
 
 def test_launch_environment_drops_credentials_and_kiln_variables() -> None:

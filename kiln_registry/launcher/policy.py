@@ -2,7 +2,9 @@
 
 Owns ``parse_launcher_argv``: the ``kiln-teacher`` launch and manifest flags,
 then exactly one ``--`` and the extra vLLM options, which
-``classify_vllm_options`` (``policy_options``) validates.  The environment
+``classify_vllm_options`` (``policy_options``) validates; and
+``request_from_flags``, the same rules for flags already separated (a
+local-teacher profile: no command line is written and parsed back).  The environment
 policy is ``check_launch_environment`` (``policy_env``); both are re-exported
 here so callers import one module.
 
@@ -61,6 +63,7 @@ __all__ = [
     "check_launch_environment",
     "classify_vllm_options",
     "parse_launcher_argv",
+    "request_from_flags",
 ]
 
 MAX_LAUNCHER_ARGV = 512
@@ -133,8 +136,34 @@ def parse_launcher_argv(argv: Sequence[str], env: Mapping[str, str]) -> Launcher
             rule="launcher.too_many",
         )
     delimiter = next((i for i, token in enumerate(argv) if token == "--"), len(argv))
-    flags = _parse_flags(argv[:delimiter])
-    options = classify_vllm_options(argv[delimiter + 1 :])
+    return _request(_parse_flags(argv[:delimiter]), argv[delimiter + 1 :], env)
+
+
+def request_from_flags(
+    flags: Mapping[str, str], vllm_tokens: Sequence[str], env: Mapping[str, str]
+) -> LauncherRequest:
+    """The request for already separated launcher flags (name without ``--`` -> value).
+
+    What a local-teacher profile is turned into (``local.launch_spec``): each
+    flag is checked as the command line's would be (known name, no NUL/CR/LF,
+    the value rules), then the request is built by the same code as
+    ``parse_launcher_argv``'s.
+    """
+    if len(flags) + len(vllm_tokens) > MAX_LAUNCHER_ARGV:
+        raise InputError(
+            f"{len(flags) + len(vllm_tokens)} arguments given; at most {MAX_LAUNCHER_ARGV}"
+            " are accepted",
+            rule="launcher.too_many",
+        )
+    for name, value in flags.items():
+        _check_flag(name, value)
+    return _request(flags, vllm_tokens, env)
+
+
+def _request(
+    flags: Mapping[str, str], vllm_tokens: Sequence[str], env: Mapping[str, str]
+) -> LauncherRequest:
+    options = classify_vllm_options(vllm_tokens)
     check_gateway_options(flags, options.transport)
     mode = _select_mode(flags)
     missing = [f"--{name}" for name in _REQUIRED_FLAGS if name not in flags]
@@ -161,6 +190,20 @@ def parse_launcher_argv(argv: Sequence[str], env: Mapping[str, str]) -> Launcher
         gateway=flags.get(GATEWAY_FLAG, GATEWAY_ON) == GATEWAY_ON,
         api_key_env=flags.get(API_KEY_ENV_FLAG),
     )
+
+
+def _check_flag(name: str, value: str) -> None:
+    """One separated flag, checked by the command line's rules (``_read_flag``)."""
+    if name in _SWITCH_FLAGS:
+        if value:
+            raise InputError(f"--{name} takes no value", rule="launcher.form")
+        return
+    if name not in _VALUE_FLAGS:
+        shown = f"--{name}" if _ECHO_RE.fullmatch(name) else "a flag name"
+        raise InputError(f"{shown} is not a kiln-teacher flag", rule="launcher.unknown_flag")
+    if any(char in value for char in "\x00\r\n"):
+        raise InputError(f"the value of --{name} contains a NUL, CR or LF", rule="launcher.control")
+    _check_flag_value(name, value)
 
 
 def _parse_flags(tokens: Sequence[str]) -> dict[str, str]:

@@ -98,24 +98,32 @@ def served_model_id(profile_name: str, profile: LocalTeacherConfig) -> str:
     return profile.served_model_id or profile_name
 
 
-def launcher_argv(profile_name: str, profile: LocalTeacherConfig) -> list[str]:
-    """The ``kiln-teacher`` flags equivalent to a profile (host pinned to loopback)."""
-    argv = [
-        f"--model-path={profile.model_path}",
-        f"--snapshot-root={profile.snapshot_root}",
-        f"--cache-root={profile.cache_root}",
-        f"--served-model-id={served_model_id(profile_name, profile)}",
-        f"--max-top-k={profile.max_top_k}",
-        f"--max-model-len={profile.max_model_len}",
-    ]
+def launcher_flags(
+    profile_name: str, profile: LocalTeacherConfig
+) -> tuple[dict[str, str], list[str]]:
+    """The ``kiln-teacher`` flags of a profile and its vLLM options (host pinned to loopback).
+
+    Handed to ``launcher.policy.request_from_flags`` as they are: no command
+    line is written and parsed back.
+    """
+    flags = {
+        "model-path": str(profile.model_path),
+        "snapshot-root": str(profile.snapshot_root),
+        "cache-root": str(profile.cache_root),
+        "served-model-id": served_model_id(profile_name, profile),
+        "max-top-k": str(profile.max_top_k),
+        "max-model-len": str(profile.max_model_len),
+    }
     if profile.adapter_path is not None:
-        argv.append(f"--adapter-path={profile.adapter_path}")
+        flags["adapter-path"] = str(profile.adapter_path)
     if profile.max_prompt_logprob_candidates is not None:
-        argv.append(f"--max-prompt-logprob-candidates={profile.max_prompt_logprob_candidates}")
+        flags["max-prompt-logprob-candidates"] = str(profile.max_prompt_logprob_candidates)
     if profile.max_provenance_read_mib_per_second is not None:
-        rate = profile.max_provenance_read_mib_per_second
-        argv.append(f"--max-provenance-read-mib-per-second={rate}")
-    return [*argv, "--", f"--host={LOOPBACK_HOST}", f"--port={profile.port}", *profile.vllm_args]
+        flags["max-provenance-read-mib-per-second"] = str(
+            profile.max_provenance_read_mib_per_second
+        )
+    vllm = [f"--host={LOOPBACK_HOST}", f"--port={profile.port}", *profile.vllm_args]
+    return flags, vllm
 
 
 def launch_environment(environ: Mapping[str, str], secret_names: frozenset[str]) -> dict[str, str]:

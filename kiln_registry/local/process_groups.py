@@ -11,10 +11,11 @@ exit path, because every path ends in ``RunningTeacher.stop`` or
 
 Decisions:
 
-* A profile is turned into ``kiln-teacher`` flags (``launch_spec.launcher_argv``)
-  and parsed by the launcher's own policy (``parse_launcher_argv``), so a
-  profile launch and a CLI launch are validated by the same code, with the
-  same messages.  The host is always
+* A profile is turned into ``kiln-teacher`` flags (``launch_spec.launcher_flags``)
+  and checked and built into a request by the launcher's own policy
+  (``request_from_flags``, the code ``parse_launcher_argv`` ends in), so a
+  profile launch and a CLI launch are validated by the same rules; no command
+  line is written and parsed back.  The host is always
   ``127.0.0.1`` and the port is the profile's.
 * The child environment is the server's, minus the configured credential
   variables (a remote teacher's key never reaches vLLM) and minus
@@ -55,7 +56,7 @@ from kiln_registry.domain.errors import (
     RegistrationInvalid,
 )
 from kiln_registry.identity.document import TeacherIdentity, same_identity
-from kiln_registry.launcher.policy import parse_launcher_argv
+from kiln_registry.launcher.policy import request_from_flags
 from kiln_registry.local.launch_spec import (
     LaunchSpec,
     Prepare,
@@ -64,7 +65,7 @@ from kiln_registry.local.launch_spec import (
     StatusSink,
     identity_change,
     launch_environment,
-    launcher_argv,
+    launcher_flags,
     library_prepare,
     prepared_identity,
 )
@@ -210,7 +211,7 @@ class LocalTeachers:
 
     def _prepare_slot(self, slot: _Slot, started: float, status: StatusSink) -> PreparedTeacher:
         profile = self.profile(slot.profile)
-        request = parse_launcher_argv(launcher_argv(slot.profile, profile), {})
+        request = request_from_flags(*launcher_flags(slot.profile, profile), {})
         status("launching: staging the snapshot and measuring the runtime")
         spec = LaunchSpec(slot.profile, request, self._environ, self._progress(started, status))
         return self._prepare(spec)
