@@ -29,6 +29,18 @@ JOB_ID_PATTERN = r"^job-[0-9a-f]{24}$"
 TokenId = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 
 
+# The teacher of a job request (both kinds).
+JobTeacher = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_ALIAS_CHARS,
+        json_schema_extra={"pattern": ALIAS_JSON_PATTERN},
+        description="A registered teacher alias (as registered; `/` allowed).",
+    ),
+]
+
+
 class JobSourceKind(StrEnum):
     inline = "inline"
     corpus = "corpus"
@@ -54,12 +66,7 @@ class JobCreate(BaseModel):
         description="The job kind: `teacher_scoring` (the teacher's top-K logprobs for every "
         "position)."
     )
-    teacher: str = Field(
-        min_length=1,
-        max_length=MAX_ALIAS_CHARS,
-        json_schema_extra={"pattern": ALIAS_JSON_PATTERN},
-        description="A registered teacher alias (as registered; `/` allowed).",
-    )
+    teacher: JobTeacher
     top_k: Annotated[
         StrictInt, Field(ge=1, le=65_536, description="K, 1..=the teacher's max_top_k.")
     ]
@@ -121,12 +128,7 @@ class GenerationJobCreate(BaseModel):
     kind: Literal["off_policy_generation"] = Field(
         description="The job kind: `off_policy_generation`."
     )
-    teacher: str = Field(
-        min_length=1,
-        max_length=MAX_ALIAS_CHARS,
-        json_schema_extra={"pattern": ALIAS_JSON_PATTERN},
-        description="A registered teacher alias (as registered; `/` allowed).",
-    )
+    teacher: JobTeacher
     max_tokens: Annotated[StrictInt, Field(ge=1, le=32_768, description="Tokens per prompt.")]
     top_k: Annotated[
         StrictInt,
