@@ -20,9 +20,11 @@ at import time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -50,6 +52,8 @@ from kiln_registry.probe.verify import StudentView
 from kiln_registry.teachers.local_relaunch import reconcile_at_startup
 
 log = logging.getLogger("kiln_registry.serve.startup")
+# uvicorn.run's exit status when the server never started (a bind failure, a bad app).
+STARTUP_FAILURE = 3
 
 MAX_OVERRIDE_ERRORS = 10
 
@@ -142,8 +146,6 @@ def run_server(
     insecure_no_auth: bool = False,
 ) -> None:
     """``kiln serve``: blocks until SIGINT/SIGTERM, then drains the local teachers."""
-    import uvicorn
-
     from kiln_registry.api.app import create_app
     from kiln_registry.serve.guard import uvicorn_limits
 
@@ -165,7 +167,8 @@ def run_server(
     )
     with ExitSignals() as signals:
         try:
-            uvicorn.run(
+            _run_uvicorn(
+                signals,
                 create_app(ctx),
                 host=server.host,
                 port=server.port,
@@ -183,6 +186,30 @@ def run_server(
             signals.record_only()
             ctx.close()
     signals.resend()
+
+
+def _run_uvicorn(signals: ExitSignals, app: Any, **options: Any) -> None:
+    """``uvicorn.run`` for one app, with every exit signal also recorded in ``signals``.
+
+    uvicorn re-raises the signal it shut down on once it has restored the
+    previous handlers, and ``ExitSignals`` normally sees it then; recording it
+    in ``handle_exit`` as well means a re-raise that never reaches that
+    handler (seen once under load: the process then exited 0 after a SIGINT)
+    still ends in the conventional exit status.  Like ``uvicorn.run``, a
+    ``KeyboardInterrupt`` ends serving quietly and a failed start exits 3.
+    """
+    import uvicorn
+
+    class RecordingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            signals.received.append(sig)
+            super().handle_exit(sig, frame)
+
+    runner = RecordingServer(uvicorn.Config(app, **options))
+    with contextlib.suppress(KeyboardInterrupt):
+        runner.run()
+    if not runner.started and not signals.received:
+        sys.exit(STARTUP_FAILURE)
 
 
 class ExitSignal(BaseException):
