@@ -193,7 +193,11 @@ def _request(
 
 
 def _check_flag(name: str, value: str) -> None:
-    """One separated flag, checked by the command line's rules (``_read_flag``)."""
+    """One flag and its value: a known name, no NUL/CR/LF, the value rules.
+
+    ``_read_flag`` ends here once it has split a token (it refuses unknown names
+    and malformed tokens first, naming the argument position).
+    """
     if name in _SWITCH_FLAGS:
         if value:
             raise InputError(f"--{name} takes no value", rule="launcher.form")
@@ -247,12 +251,8 @@ def _read_flag(tokens: Sequence[str], index: int) -> tuple[str, str, int]:
         following = tokens[index + 1] if index + 1 < len(tokens) else None
         if following is None or following.startswith("--"):
             raise InputError(f"--{name} needs a value", rule="launcher.value")
-        if any(char in following for char in "\x00\r\n"):
-            raise InputError(
-                f"the value of --{name} contains a NUL, CR or LF", rule="launcher.control"
-            )
         value, used = following, 2
-    _check_flag_value(name, value)
+    _check_flag(name, value)
     return name, value, used
 
 
