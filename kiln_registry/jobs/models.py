@@ -2,7 +2,7 @@
 
 Owns the Python view of ``jobs``, ``job_sequences``, ``score_cache``,
 ``generation_cache`` and ``device_leases`` (created by ``migrations/versions/0002_jobs.py``
-and ``0005_off_policy_generation.py``, the schema's owners) and the allowed values of
+``0005_off_policy_generation.py`` and ``0006_worker_leases.py``, the schema's owners) and the allowed values of
 their CHECK columns.  The rows share ``kiln_registry.db.models.Base`` so
 ``db.models.metadata`` describes the whole migrated schema once this module is
 imported.
@@ -89,6 +89,9 @@ class JobRow(Base):
     result_bytes: Mapped[int | None] = mapped_column(Integer)
     # Off-policy generation jobs (0005): canonical sampling settings; NULL for scoring.
     generation_json: Mapped[str | None] = mapped_column(Text)
+    # Worker leases (0006): who holds the job, and until when without a renewal.
+    lease_owner: Mapped[str | None] = mapped_column(Text)
+    lease_expires_at: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"JobRow(id={self.id!r}, status={self.status!r}, teacher={self.teacher_alias!r})"
@@ -148,10 +151,11 @@ class ScoreCacheRow(Base):
 
 
 class DeviceLeaseRow(Base):
-    """An exclusive device lease: the primary key makes two holders impossible."""
+    """An exclusive lease of one device on one worker host: the key makes two holders impossible."""
 
     __tablename__ = "device_leases"
 
+    host: Mapped[str] = mapped_column(Text, primary_key=True)
     device: Mapped[str] = mapped_column(Text, primary_key=True)
     job_id: Mapped[str] = mapped_column(Text)
     claim_token: Mapped[str] = mapped_column(Text)
