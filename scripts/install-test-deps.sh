@@ -6,6 +6,9 @@
 #   chromium: the browser tests (tests/browser) drive Debian's headless Chromium
 #             through Playwright (no browser download; Playwright's driver ships in
 #             its wheel).
+#   postgresql: the PostgreSQL backend tests (tests/pg_server.py runs initdb and
+#               postgres from /usr/lib/postgresql/<version>/bin, which Debian keeps
+#               off PATH).
 set -euo pipefail
 missing=()
 if ! command -v mkfs.xfs >/dev/null 2>&1; then
@@ -13,6 +16,9 @@ if ! command -v mkfs.xfs >/dev/null 2>&1; then
 fi
 if ! command -v chromium >/dev/null 2>&1; then
     missing+=(chromium)
+fi
+if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+    missing+=(postgresql)
 fi
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0

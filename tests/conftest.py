@@ -8,12 +8,20 @@ The builders live in ``kiln_registry.testing.tiny_models``; helpers in
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kiln_registry.testing.tiny_models import TinyModel, build_peft_adapter, build_tiny_llama
 from tests.helpers import free_port as _free_port
+from tests.pg_server import (
+    INSTALL_HINT,
+    PostgresServer,
+    PostgresUnavailable,
+    selected_backend,
+    set_active_server,
+)
 
 CLEARED_PREFIXES = ("KILN_", "VLLM_", "HF_")
 CLEARED_NAMES = frozenset(
@@ -26,6 +34,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "secret_env(*names): environment variables cleared before and after the test"
     )
+    try:
+        selected_backend()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +49,46 @@ def _isolated_environment(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     for name in list(os.environ):
         if name.startswith(CLEARED_PREFIXES) or name in CLEARED_NAMES or name in secret:
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL on 127.0.0.1 for the session (tests/pg_server.py); fails, never skips."""
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        pytest.fail(f"PostgreSQL could not start: {exc} ({INSTALL_HINT})", pytrace=False)
+    os.environ[server.password_env] = server.password
+    set_active_server(server)
+    try:
+        yield server
+    finally:
+        set_active_server(None)
+        os.environ.pop(server.password_env, None)
+        server.stop()
+
+
+@pytest.fixture
+def pg_database(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh empty database's URL (role kiln, no password in it), dropped after the test."""
+    url = postgres_server.new_database(request.node.name)
+    yield url
+    postgres_server.drop_database(url)
+
+
+@pytest.fixture(autouse=True)
+def _test_backend(
+    request: pytest.FixtureRequest, _isolated_environment: None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Under KILN_TEST_BACKEND=postgres (or for a test using the server): the password
+    variable back after the isolation, and a scope whose databases are dropped after."""
+    if selected_backend() != "postgres" and "postgres_server" not in request.fixturenames:
+        yield
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    monkeypatch.setenv(server.password_env, server.password)
+    with server.test_scope():
+        yield
 
 
 @pytest.fixture
