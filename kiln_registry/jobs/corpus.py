@@ -160,9 +160,14 @@ class CorpusWriter:
             os.close(dir_fd)
         return self.sha256.hexdigest(), self.bytes
 
-    def discard(self) -> None:
-        """Drop the partial file (uncommitted results never become a corpus)."""
+    def discard(self, *, unlink: bool = True) -> None:
+        """Drop the partial file (uncommitted results never become a corpus).
+
+        ``unlink=False`` only closes it: the job's lease was lost, the worker that requeued
+        the job removed this path, and a new holder may already write a new file there.
+        """
         if self._file is not None:
             self._file.close()
             self._file = None
-        self.partial.unlink(missing_ok=True)
+        if unlink:
+            self.partial.unlink(missing_ok=True)

@@ -178,12 +178,14 @@ class ExampleWriter:
         _fsync_dir(self.final.parent)
         return digest, self.bytes
 
-    def discard(self) -> None:
+    def discard(self, *, unlink: bool = True) -> None:
+        """Close; remove the partial files unless the lease was lost (see ``CorpusWriter``)."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        self.partial.unlink(missing_ok=True)
-        self.sig_partial.unlink(missing_ok=True)
+        if unlink:
+            self.partial.unlink(missing_ok=True)
+            self.sig_partial.unlink(missing_ok=True)
 
 
 # -- the generation cache --------------------------------------------------------

@@ -1,9 +1,9 @@
 """SQLAlchemy rows of the job queue, on the registry's declarative ``Base``.
 
 Owns the Python view of ``jobs``, ``job_sequences``, ``score_cache``,
-``generation_cache`` and ``device_leases`` (created by ``migrations/versions/0002_jobs.py``
-``0005_off_policy_generation.py`` and ``0006_worker_leases.py``, the schema's owners) and the allowed values of
-their CHECK columns.  The rows share ``kiln_registry.db.models.Base`` so
+``generation_cache`` and ``device_leases`` (created by ``migrations/versions/0002_jobs.py``,
+``0005_off_policy_generation.py`` and ``0006_worker_leases.py``, the schema's owners) and
+the allowed values of their CHECK columns.  The rows share ``kiln_registry.db.models.Base`` so
 ``db.models.metadata`` describes the whole migrated schema once this module is
 imported.
 

@@ -55,7 +55,7 @@ class Writer(Protocol):
 
     def commit(self) -> tuple[str, int]: ...
 
-    def discard(self) -> None: ...
+    def discard(self, *, unlink: bool = True) -> None: ...
 
 
 RowT = TypeVar("RowT", bound=Row)
@@ -113,10 +113,10 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
 
     # -- the loop -----------------------------------------------------------
 
-    def discard(self) -> None:
-        """Drop the partial corpus and the uncommitted results."""
+    def discard(self, *, unlink: bool = True) -> None:
+        """Drop the partial corpus (only close it when the lease was lost) and the results."""
         if self.writer is not None:
-            self.writer.discard()
+            self.writer.discard(unlink=unlink)
             self.writer = None
         self.pending.clear()
 
@@ -214,6 +214,7 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
 
     async def _publish(self) -> None:
         self.claimed.check_cancel()
+        self.claimed.check_lease()  # no rename over a path a new holder may write
         assert self.writer is not None
         sha, size = await asyncio.to_thread(self.writer.commit)
         path = str(self.writer.final)

@@ -4,11 +4,17 @@
 ``db.repository.unit_of_work`` and keep transactions short (every session
 begins IMMEDIATE, so a transaction holds the write lock).
 
-The claim is one statement: ``UPDATE jobs ... WHERE id = (oldest queued) AND
-status = 'queued' RETURNING *`` with a fresh claim token, so two workers can
-never claim one job.  Every later change by a worker is conditional on its
-claim token (``update_claimed``), so a worker that lost its claim (restart
-recovery, cancellation of a queued job) changes nothing.
+On SQLite the claim is one statement: ``UPDATE jobs ... WHERE id = (oldest
+queued) AND status = 'queued' RETURNING *`` (the write lock serialises
+claims); on PostgreSQL the oldest queued row is selected ``FOR UPDATE SKIP
+LOCKED`` and then updated, so concurrent workers skip each other's rows
+instead of waiting.  A claim is a lease: a fresh claim token, the worker's
+``lease_owner`` and a ``lease_expires_at`` the holder pushes forward
+(``renew_lease``); ``requeue_expired`` puts jobs whose lease ran out back to
+``queued`` (any worker, at start and in its claim loop).  Every later change
+by a worker is conditional on its claim token (``update_claimed``), so a
+worker that lost its claim (lease taken over, cancellation of a queued job)
+changes nothing.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` (the
 timestamp), ``jobs.models`` and ``kiln_registry.domain`` (errors, text, vocabulary).
@@ -17,12 +23,13 @@ timestamp), ``jobs.models`` and ``kiln_registry.domain`` (errors, text, vocabula
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple, cast
 
 from sqlalchemy import CursorResult, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from kiln_registry.db.models import utc_timestamp
+from kiln_registry.db.models import TIMESTAMP_FORMAT, utc_timestamp
 from kiln_registry.domain.errors import InputError, JobConflict, JobNotFound
 from kiln_registry.domain.text import clipped
 from kiln_registry.domain.vocabulary import ACTIVE_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
@@ -42,6 +49,13 @@ _RESET_PHASES: Final = {
     "requests_sent": 0,
     "retries": 0,
 }
+_NO_LEASE: Final = {"claim_token": None, "lease_owner": None, "lease_expires_at": None}
+DEFAULT_LEASE_TIMEOUT_S: Final = 30.0
+
+
+def lease_expiry(timeout_s: float) -> str:
+    """The timestamp ``timeout_s`` from now, in the format of every stored timestamp."""
+    return (datetime.now(UTC) + timedelta(seconds=timeout_s)).strftime(TIMESTAMP_FORMAT)
 
 
 class SequenceItem(NamedTuple):
@@ -150,22 +164,33 @@ class JobRepository:
         )
         return [(str(i), p) for i, p in self._session.execute(query)]
 
-    def claim_next(self, token: str) -> JobRow | None:
-        """Atomically move the oldest queued job to ``probing`` under ``token``."""
+    def claim_next(
+        self, token: str, *, owner: str = "", timeout_s: float = DEFAULT_LEASE_TIMEOUT_S
+    ) -> JobRow | None:
+        """Move the oldest queued job to ``probing`` under ``token``, leased to ``owner``."""
         oldest = (
             select(JobRow.id)
             .where(JobRow.status == JobStatus.queued)
             .order_by(JobRow.created_at, JobRow.id)
             .limit(1)
-            .scalar_subquery()
         )
+        if self._session.get_bind().dialect.name == "postgresql":
+            # Concurrent claimers skip a row another transaction has locked, then update it.
+            job_id = self._session.scalar(oldest.with_for_update(skip_locked=True))
+            if job_id is None:
+                return None
+            target = JobRow.id == job_id
+        else:  # SQLite: one atomic UPDATE; the write lock serialises claims
+            target = JobRow.id == oldest.scalar_subquery()
         now = utc_timestamp()
         stmt = (
             update(JobRow)
-            .where(JobRow.id == oldest, JobRow.status == JobStatus.queued)
+            .where(target, JobRow.status == JobStatus.queued)
             .values(
                 status=JobStatus.probing,
                 claim_token=token,
+                lease_owner=owner,
+                lease_expires_at=lease_expiry(timeout_s),
                 claimed_at=now,
                 updated_at=now,
                 attempts=JobRow.attempts + 1,
@@ -175,6 +200,22 @@ class JobRepository:
             .execution_options(synchronize_session=False)
         )
         return self._session.scalars(stmt).one_or_none()
+
+    def renew_lease(self, job_id: str, token: str, timeout_s: float) -> bool | None:
+        """Push a held job's lease forward; None if the claim was lost, else its cancel flag."""
+        stmt = (
+            update(JobRow)
+            .where(
+                JobRow.id == job_id,
+                JobRow.claim_token == token,
+                JobRow.status.in_(ACTIVE_JOB_STATUSES),
+            )
+            .values(lease_expires_at=lease_expiry(timeout_s))
+            .returning(JobRow.cancel_requested)
+            .execution_options(synchronize_session=False)
+        )
+        flag = self._session.scalars(stmt).one_or_none()
+        return None if flag is None else bool(flag)
 
     def update_claimed(self, job_id: str, token: str, **values: object) -> bool:
         """Change an active job this worker holds; False if the claim was lost."""
@@ -193,9 +234,8 @@ class JobRepository:
     def finish(self, job_id: str, token: str, status: str, **values: object) -> bool:
         """Move a held job to a terminal ``status``; the claim token is cleared."""
         now = utc_timestamp()
-        return self.update_claimed(
-            job_id, token, status=status, finished_at=now, claim_token=None, **values
-        )
+        values = {**values, **_NO_LEASE}
+        return self.update_claimed(job_id, token, status=status, finished_at=now, **values)
 
     def cancel_requested(self, job_id: str) -> bool:
         value = self._session.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id))
@@ -228,37 +268,39 @@ class JobRepository:
         self._session.expire(row)
         return self.require(job_id)
 
-    def requeue_interrupted(self) -> list[str]:
-        """At start-up: active jobs go back to ``queued`` (or ``cancelled`` if asked)."""
+    def requeue_expired(self) -> list[str]:
+        """Active jobs whose lease ran out go back to ``queued`` (or ``cancelled`` if asked).
+
+        A job without a lease (claimed before revision 0006) counts as expired.
+        """
         now = utc_timestamp()
-        active = list(
-            self._session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE_JOB_STATUSES)))
+        expired = JobRow.status.in_(ACTIVE_JOB_STATUSES) & (
+            JobRow.lease_expires_at.is_(None) | (JobRow.lease_expires_at < now)
         )
-        self._session.execute(
+        cancelled = self._session.scalars(
             update(JobRow)
-            .where(JobRow.status.in_(ACTIVE_JOB_STATUSES), JobRow.cancel_requested == 1)
-            .values(status=JobStatus.cancelled, claim_token=None, finished_at=now, updated_at=now)
+            .where(expired, JobRow.cancel_requested == 1)
+            .values(status=JobStatus.cancelled, finished_at=now, updated_at=now, **_NO_LEASE)
+            .returning(JobRow.id)
             .execution_options(synchronize_session=False)
-        )
-        self._session.execute(
+        ).all()
+        requeued = self._session.scalars(
             update(JobRow)
-            .where(JobRow.status.in_(ACTIVE_JOB_STATUSES))
-            .values(status=JobStatus.queued, claim_token=None, updated_at=now, **_RESET_PHASES)
+            .where(expired)
+            .values(status=JobStatus.queued, updated_at=now, **_NO_LEASE, **_RESET_PHASES)
+            .returning(JobRow.id)
             .execution_options(synchronize_session=False)
-        )
-        return active
+        ).all()
+        return sorted([*cancelled, *requeued])
 
     def release_claim(self, job_id: str, token: str) -> bool:
-        """A worker that stops mid-job puts it back to ``queued`` for the next start."""
+        """A worker that stops mid-job puts it back to ``queued`` for any worker to claim."""
         stmt = (
             update(JobRow)
             .where(JobRow.id == job_id, JobRow.claim_token == token)
             .where(JobRow.status.in_(ACTIVE_JOB_STATUSES))
             .values(
-                status=JobStatus.queued,
-                claim_token=None,
-                updated_at=utc_timestamp(),
-                **_RESET_PHASES,
+                status=JobStatus.queued, updated_at=utc_timestamp(), **_NO_LEASE, **_RESET_PHASES
             )
             .execution_options(synchronize_session=False)
         )

@@ -76,13 +76,16 @@ class JobRun:
             )
             log.info("job %s cancelled", self.job.id)
         except ClaimLost:
-            self._discard()
+            self._discard(unlink=False)
             log.warning("job %s: claim lost; stopped without changing it", self.job.id)
         except KilnError as exc:
             self._discard()
             log.info("job %s failed: %s", self.job.id, exc)
             await asyncio.to_thread(claimed.fail, exc.code, exc.rule, exc.message)
         except asyncio.CancelledError:
+            if claimed.lost:  # the heartbeat found the lease taken over: write nothing more
+                self._discard(unlink=False)
+                raise
             self._discard()
             await asyncio.to_thread(claimed.requeue)
             raise
@@ -91,9 +94,9 @@ class JobRun:
             self._discard()
             await asyncio.to_thread(claimed.fail, "internal_error", None, "internal error")
 
-    def _discard(self) -> None:
+    def _discard(self, *, unlink: bool = True) -> None:
         if self.pipeline is not None:
-            self.pipeline.discard()
+            self.pipeline.discard(unlink=unlink)
 
     async def _phases(self) -> None:
         while True:

@@ -4,8 +4,9 @@
 by the app's lifespan, so this package never imports the API).  ``ClaimedJob``
 holds one job under its claim token and owns the short transactions that
 change it: every update is conditional on the token (``ClaimLost`` when the
-job is no longer this worker's), and ending a job releases its device lease
-in the same transaction.  Call the blocking methods from a thread.
+job is no longer this worker's), ``renew`` pushes the job's lease forward
+(the worker's heartbeat), and ending a job releases its device lease in the
+same transaction.  Call the blocking methods from a thread.
 
 Imports: standard library, httpx (the type), SQLAlchemy, ``kiln_registry``'s
 config, db, identity and probe types, and ``jobs``.
@@ -95,6 +96,19 @@ class ClaimedJob:
         self.cancel = cancel
         self.identity = TeacherIdentity.from_canonical_json(job.identity_json)
         self.progress = Progress()
+        # Monotonic time until which the lease is surely still this worker's.
+        self.lease_until = time.monotonic() + env.config.jobs.lease_timeout_s
+        self.lost = False  # set by the heartbeat when the lease was taken over
+
+    def renew(self) -> bool | None:
+        """Heartbeat: extend the lease; None when it was lost, else the durable cancel flag."""
+        timeout = self.env.config.jobs.lease_timeout_s
+        started = time.monotonic()
+        with unit_of_work(self.env.sessions) as session:
+            flag = JobRepository(session).renew_lease(self.job.id, self.token, timeout)
+        if flag is not None:
+            self.lease_until = started + timeout
+        return flag
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -103,6 +117,12 @@ class ClaimedJob:
     def check_cancel(self) -> None:
         if self.cancel.is_set():
             raise JobCancelled(self.job.id)
+
+    def check_lease(self) -> None:
+        """``ClaimLost`` unless the lease surely stays ours for one more heartbeat."""
+        margin = self.env.config.jobs.lease_heartbeat_s
+        if self.lost or time.monotonic() + margin >= self.lease_until:
+            raise ClaimLost(self.job.id)
 
     def update(self, **values: object) -> None:
         with unit_of_work(self.env.sessions) as session:

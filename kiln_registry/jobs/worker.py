@@ -1,16 +1,25 @@
-"""The job workers embedded in ``kiln serve``: recovery, atomic claims, wake-ups, cancellation.
+"""The job workers (in ``kiln serve`` or ``kiln worker``): leases, claims, wake-ups, cancellation.
 
-``JobWorkers.start()`` first recovers from an earlier run (jobs left
-``probing`` or ``running`` go back to ``queued`` and start again from phase
-(a), or become ``cancelled`` when that was requested; every device lease is
-dropped; stale partial corpora are removed; the corpus-signing key is loaded,
-or created on the first start, beside the database), then starts ``[jobs] workers``
-asyncio tasks.  Each task claims the oldest queued job with one atomic
-UPDATE under a fresh claim token and runs it (``jobs.runner.JobRun``).
-Workers sleep until ``wake()`` (called after a submission) or a short poll
-interval.  ``cancel(job_id)`` reaches a running job at its next request
-boundary; the database flag makes it durable.  ``stop()`` cancels the tasks
-and waits for them: a job in progress goes back to ``queued``.  Start-up also
+Several worker processes may share one database.  A claim is a lease owned
+by this process's ``worker_id`` (host name, pid, random part): the worker
+renews it every ``[jobs] lease_heartbeat_s`` while the job runs, and a job
+whose lease was not renewed for ``[jobs] lease_timeout_s`` is requeued by
+whichever worker notices first (``_recover``: at start and before every
+claim).  Requeued jobs start again from phase (a) (or become ``cancelled``
+when that was requested); their stale partial corpora and orphaned device
+leases are removed.  A worker whose renewal finds the claim gone (or that
+cannot renew before its lease runs out) stops that job at once; its writes
+are fenced by the claim token, so it changes nothing more.
+
+``JobWorkers.start()`` loads the corpus-signing key (created on the first
+start, beside the database), recovers, then starts ``[jobs] workers`` asyncio
+tasks.  Each task claims the oldest queued job under a fresh claim token and
+runs it (``jobs.runner.JobRun``) beside its heartbeat.  Workers sleep until
+``wake()`` (called after a submission) or a short poll interval.
+``cancel(job_id)`` reaches a running job at its next request boundary; the
+database flag (read back at every heartbeat and flush) makes it durable and
+reaches jobs held by other processes.  ``stop()`` cancels the tasks and
+waits for them: a job in progress goes back to ``queued``.  Start-up also
 finishes deletions a crash interrupted, and with ``[jobs] retain_days`` one
 more task deletes expired finished jobs at start and every
 ``jobs.retention.SWEEP_INTERVAL_S`` (``jobs.retention``).
@@ -23,7 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
+import socket
+import time
 from typing import Final
 
 from kiln_registry.db.repository import unit_of_work
@@ -34,12 +46,17 @@ from kiln_registry.jobs.retention import SWEEP_INTERVAL_S, recover_deletions, sw
 from kiln_registry.jobs.runner import JobRun
 from kiln_registry.jobs.service import result_dir
 from kiln_registry.jobs.signing import key_path, load_or_create_signer
-from kiln_registry.jobs.state import JobEnvironment
+from kiln_registry.jobs.state import ClaimedJob, JobEnvironment
 
 log = logging.getLogger("kiln_registry.jobs")
 
 IDLE_POLL_S: Final = 1.0
 ERROR_BACKOFF_S: Final = 2.0
+
+
+def worker_id() -> str:
+    """This process's lease owner name: host name, pid and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 class JobWorkers:
@@ -51,23 +68,30 @@ class JobWorkers:
         self._tasks: list[asyncio.Task[None]] = []
         self._cancels: dict[str, asyncio.Event] = {}
         self._stopping = False
+        self.worker_id = worker_id()
 
     def _recover(self) -> list[str]:
-        self.env.signer = load_or_create_signer(key_path(self.env.config.server.database))
+        """Requeue jobs whose lease expired; drop their partial corpora and device leases."""
         with unit_of_work(self.env.sessions) as session:
-            requeued = JobRepository(session).requeue_interrupted()
-            DeviceLeases(session, self.env.config.jobs.devices).release_all()
+            requeued = JobRepository(session).requeue_expired()
+            DeviceLeases(session, self.env.config.jobs.devices).release_orphans()
         root = result_dir(self.env.config)
         for job_id in requeued:
             (root / f".{job_id}.jsonl.partial").unlink(missing_ok=True)
             (root / f".{job_id}.jsonl.sig.partial").unlink(missing_ok=True)  # generation jobs
-        recover_deletions(self.env.config, self.env.sessions)
+        if requeued:
+            log.info("requeued %d job(s) whose lease expired: %s", len(requeued),
+                     ", ".join(requeued))  # fmt: skip
         return requeued
 
+    def _start(self) -> None:
+        self.env.signer = load_or_create_signer(key_path(self.env.config.server.state_path))
+        self._recover()
+        recover_deletions(self.env.config, self.env.sessions)
+
     async def start(self) -> None:
-        requeued = await asyncio.to_thread(self._recover)
-        if requeued:
-            log.info("requeued %d interrupted job(s): %s", len(requeued), ", ".join(requeued))
+        await asyncio.to_thread(self._start)
+        log.info("job worker %s started", self.worker_id)
         for index in range(self.env.config.jobs.workers):
             self._tasks.append(asyncio.create_task(self._loop(index), name=f"kiln-job-{index}"))
         if self.env.config.jobs.retain_days is not None:
@@ -91,10 +115,13 @@ class JobWorkers:
 
     def _claim(self, token: str) -> JobRow | None:
         """The oldest queued job, claimed only while some device is free to run it."""
+        self._recover()
+        jobs = self.env.config.jobs
         with unit_of_work(self.env.sessions) as session:
-            if DeviceLeases(session, self.env.config.jobs.devices).free_count() < 1:
+            if DeviceLeases(session, jobs.devices).free_count() < 1:
                 return None
-            row = JobRepository(session).claim_next(token)
+            repo = JobRepository(session)
+            row = repo.claim_next(token, owner=self.worker_id, timeout_s=jobs.lease_timeout_s)
             if row is not None:
                 session.expunge(row)
             return row
@@ -136,10 +163,39 @@ class JobWorkers:
         if job.cancel_requested:
             cancel.set()
         self._cancels[job.id] = cancel
-        log.info("job %s claimed (attempt %d)", job.id, job.attempts)
+        log.info("job %s claimed by %s (attempt %d)", job.id, self.worker_id, job.attempts)
+        run = JobRun(self.env, job, cancel)
+        task = asyncio.create_task(run.run(), name=f"kiln-job-run-{job.id}")
+        beat = asyncio.create_task(self._heartbeat(run.claimed, task), name="kiln-job-lease")
         try:
-            await JobRun(self.env, job, cancel).run()
+            await asyncio.wait({task})
         finally:
+            for pending in (beat, task):
+                pending.cancel()
+            await asyncio.gather(beat, task, return_exceptions=True)
             self._cancels.pop(job.id, None)
             # Another worker may have gone idle while this one held the only device.
             self._wake.set()
+
+    async def _heartbeat(self, claimed: ClaimedJob, task: asyncio.Task[None]) -> None:
+        """Renew the job's lease until ``task`` ends; stop the job at once if it is lost."""
+        interval = self.env.config.jobs.lease_heartbeat_s
+        while not task.done():
+            await asyncio.sleep(interval)
+            try:
+                flag = await asyncio.to_thread(claimed.renew)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("job %s: lease renewal failed", claimed.job.id)
+                if time.monotonic() < claimed.lease_until:
+                    continue  # still surely ours; try again at the next beat
+                flag = None
+            if flag is None:
+                log.warning("job %s: lease lost; stopping it without further writes",
+                            claimed.job.id)  # fmt: skip
+                claimed.lost = True
+                task.cancel()
+                return
+            if flag:
+                claimed.cancel.set()  # requested through the database, maybe elsewhere

@@ -23,16 +23,20 @@ from typing import Any
 import httpx
 
 from kiln_registry.jobs.signing import PublicKey, parse_keys
+from tests.pg_server import database_settings
 
 STARTUP_S = 120.0
 
 
 def serve_config(tmp_path: Path, port: int, model_path: Path) -> Path:
     config = tmp_path / "kiln.toml"
+    database = "".join(f'{k} = "{v}"\n' for k, v in database_settings(tmp_path).items())
     config.write_text(
-        f'[server]\nport = {port}\ndatabase = "{tmp_path / "registry.db"}"\n'
+        f"[server]\nport = {port}\n{database}"
         f'[student]\nmodel_path = "{model_path}"\n'
-        f'[jobs]\nconcurrency = 1\nresult_root = "{tmp_path / "results"}"\n',
+        f'[jobs]\nconcurrency = 1\nresult_root = "{tmp_path / "results"}"\n'
+        # A killed holder's lease runs out quickly (the default is 30 s).
+        "lease_heartbeat_s = 0.2\nlease_timeout_s = 1.0\n",
         encoding="utf-8",
     )
     return config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
@@ -81,7 +81,10 @@ def test_claims_are_token_bound_and_recovery_requeues(sessions: sessionmaker[Ses
         assert not repo.update_claimed("job-a", "other", scored_count=5)
         assert repo.update_claimed("job-a", "tok", status="running")
     with unit_of_work(sessions) as session:
-        assert JobRepository(session).requeue_interrupted() == ["job-a"]
+        assert JobRepository(session).requeue_expired() == []  # the lease is still live
+        session.execute(update(JobRow).values(lease_expires_at="2000-01-01T00:00:00.000000Z"))
+    with unit_of_work(sessions) as session:
+        assert JobRepository(session).requeue_expired() == ["job-a"]
     with unit_of_work(sessions) as session:
         repo = JobRepository(session)
         again = repo.require("job-a")
@@ -115,7 +118,9 @@ def test_leases_are_exclusive_per_device(sessions: sessionmaker[Session]) -> Non
         holder = leases.held()["cuda:0"]
         assert leases.release(holder, "wrong-token") == 0
         assert leases.release(holder, "t" + holder.split("-")[1]) == 1
-        assert leases.free_count() == 1 and leases.release_all() == 1
+        assert leases.free_count() == 1
+        assert leases.release_orphans() == 1  # job-N rows do not exist: the lease is an orphan
+        assert DeviceLeases(session, ("cuda:0",), host="other-host").free_count() == 1
 
 
 def _scores(n: int, k: int) -> ScoredSequence:
