@@ -87,7 +87,7 @@ def _test_backend(
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     monkeypatch.setenv(server.password_env, server.password)
-    with server.test_scope():
+    with server.test_scope(request.node.name):
         yield
 
 

@@ -135,7 +135,7 @@ class PostgresServer:
     _gid: int = 0
     _counter: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _scopes: list[dict[Path, str]] = field(default_factory=list)
+    _scopes: list[tuple[str, dict[Path, str]]] = field(default_factory=list)
 
     @classmethod
     def start(cls) -> PostgresServer:
@@ -276,24 +276,24 @@ class PostgresServer:
             )
 
     @contextlib.contextmanager
-    def test_scope(self) -> Iterator[None]:
+    def test_scope(self, name_hint: str = "test") -> Iterator[None]:
         """Databases that ``database_for`` hands out inside are dropped when it ends."""
-        scope: dict[Path, str] = {}
+        scope: tuple[str, dict[Path, str]] = (name_hint, {})
         self._scopes.append(scope)
         try:
             yield
         finally:
             self._scopes.remove(scope)
-            for url in scope.values():
+            for url in scope[1].values():
                 self.drop_database(url)
 
     def database_for(self, sqlite_path: Path) -> str:
         """The database standing in for ``sqlite_path`` in the current test (created once)."""
         if not self._scopes:
             return self.new_database(sqlite_path.stem)  # outside a test: lives until stop()
-        scope = self._scopes[-1]
+        hint, scope = self._scopes[-1]
         if sqlite_path not in scope:
-            scope[sqlite_path] = self.new_database(sqlite_path.stem)
+            scope[sqlite_path] = self.new_database(hint)
         return scope[sqlite_path]
 
     def _reap(self) -> None:

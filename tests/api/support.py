@@ -29,6 +29,7 @@ from kiln_registry.api.context import RegistryContext
 from kiln_registry.reference_teacher.app import bind_socket
 from kiln_registry.serve.startup import build_context, prepare
 from tests.helpers import free_port
+from tests.pg_server import database_settings
 
 REPO = Path(__file__).resolve().parents[2]
 START_DEADLINE_S = 30.0
@@ -48,8 +49,13 @@ def write_config(
     server: Mapping[str, Any] | None = None,
     credentials: Mapping[str, tuple[str, str]] | None = None,
 ) -> Path:
-    """A kiln.toml in ``directory``: database there, ``credentials`` id -> (origin, env)."""
-    lines = ["[server]", f"database = {toml_str(directory / 'registry.db')}"]
+    """A kiln.toml in ``directory``: database there, ``credentials`` id -> (origin, env).
+
+    The database is ``directory/registry.db``, or under KILN_TEST_BACKEND=postgres a
+    fresh PostgreSQL database with ``state_dir = directory`` (tests/pg_server.py).
+    """
+    lines = ["[server]"]
+    lines += [f"{key} = {toml_str(value)}" for key, value in database_settings(directory).items()]
     for key, value in (server or {}).items():
         text = toml_str(value) if isinstance(value, str | Path) else str(value).lower()
         lines.append(f"{key} = {text}")

@@ -22,6 +22,7 @@ import httpx
 from kiln_registry.config.settings import KilnConfig
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.serve.startup import build_context
+from tests.pg_server import database_settings
 from tests.probe.teacher_server import (
     HASH_A,
     HASH_C,
@@ -39,7 +40,7 @@ def make_config(tmp_path: Path, student: Path, **jobs: Any) -> KilnConfig:
     (tmp_path / "corpora").mkdir(exist_ok=True)
     return KilnConfig.model_validate(
         {
-            "server": {"database": str(tmp_path / "db" / "registry.db")},
+            "server": database_settings(tmp_path / "db"),  # KILN_TEST_BACKEND decides
             "student": {"model_path": str(student)},
             "jobs": {
                 "corpus_root": str(tmp_path / "corpora"),
