@@ -57,7 +57,8 @@ def postgres_server() -> Iterator[PostgresServer]:
     try:
         server = PostgresServer.start()
     except PostgresUnavailable as exc:
-        pytest.fail(f"PostgreSQL could not start: {exc} ({INSTALL_HINT})", pytrace=False)
+        hint = "" if INSTALL_HINT in str(exc) else f" ({INSTALL_HINT})"
+        pytest.fail(f"PostgreSQL could not start: {exc}{hint}", pytrace=False)
     os.environ[server.password_env] = server.password
     set_active_server(server)
     try:
