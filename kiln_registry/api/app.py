@@ -13,7 +13,6 @@ database and the probe only through ``teacher_views`` and the teachers layer.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -32,24 +31,12 @@ from kiln_registry.api.openapi import install_openapi
 from kiln_registry.api.routes import admin, jobs, keys, system, teachers
 from kiln_registry.api.teacher_views import cached_teacher_json
 from kiln_registry.api.ui import routes as ui_pages
+from kiln_registry.jobs.environment import outbound_client
 from kiln_registry.observability.access import AccessLayer
 from kiln_registry.probe.transport import teacher_tls_context
 
 API_TITLE = "kiln-registry"
 API_VERSION = "1.0.0"
-
-
-def outbound_client(
-    tls: ssl.SSLContext, transport: httpx.AsyncBaseTransport | None = None
-) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        follow_redirects=False,
-        trust_env=False,
-        verify=tls,
-        transport=transport,
-        timeout=httpx.Timeout(10.0),
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-    )
 
 
 def create_app(

@@ -28,8 +28,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.api.entry_cache import EntryCache
 from kiln_registry.config.settings import KilnConfig
+from kiln_registry.db.data_version import open_version_reader
 from kiln_registry.db.engine import BEGIN_OPTION, session_factory
 from kiln_registry.db.repository import unit_of_work
+from kiln_registry.jobs.environment import JOB_PROBES
 from kiln_registry.observability.metrics import RegistryMetrics
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
@@ -37,7 +39,6 @@ from kiln_registry.teachers.context import LocalTeacherManager
 
 REGISTRATION_PROBES = 4
 REGISTRATION_PROBES_PER_CALLER = 2
-JOB_PROBES = 2
 
 
 def reader_factory(engine: Engine) -> sessionmaker[Session]:
@@ -70,7 +71,7 @@ class RegistryContext:
         if self.readers is None:
             self.readers = reader_factory(self.engine)
         if self.entries is None:
-            self.entries = EntryCache(self.config.server.database)
+            self.entries = EntryCache(open_version_reader(self.engine))
 
     def entry_cache(self) -> EntryCache:
         assert self.entries is not None  # set in __post_init__

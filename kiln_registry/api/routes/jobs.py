@@ -179,8 +179,16 @@ async def get_job_result(job_id: JobId, ctx: Ctx) -> StreamingResponse:
     return StreamingResponse(_chunks(path, size), media_type=NDJSON, headers=headers)
 
 
-async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext) -> JobWorkers:
-    """Start the ``[jobs] workers`` on the app's outbound client and its TLS trust (lifespan)."""
+async def start_workers(
+    app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext
+) -> JobWorkers | None:
+    """Start the ``[jobs] workers`` on the app's outbound client and its TLS trust (lifespan).
+
+    None with ``[jobs] embedded_workers = false``: ``kiln worker`` processes run the jobs.
+    """
+    if not ctx.config.jobs.embedded_workers:
+        app.state.job_workers = None
+        return None
     env = JobEnvironment(
         config=ctx.config,
         sessions=ctx.sessions,
@@ -197,7 +205,8 @@ async def start_workers(app: FastAPI, ctx: RegistryContext, tls: ssl.SSLContext)
     return workers
 
 
-async def stop_workers(app: FastAPI, workers: JobWorkers) -> None:
+async def stop_workers(app: FastAPI, workers: JobWorkers | None) -> None:
     """Stop the workers before the outbound client closes; running jobs go back to queued."""
     app.state.job_workers = None
-    await workers.stop()
+    if workers is not None:
+        await workers.stop()
