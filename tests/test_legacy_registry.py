@@ -444,7 +444,8 @@ def test_migrated_aliases_over_the_http_api(
         server={"legacy_registry": registry, "teacher_ca_file": ca_pem},
         credentials={"tls": (origin, KEY_ENV)},
     )
-    with run_registry(config) as server, server.client() as http:
+    # A legacy SQLite file is behind head: serving it is an upgrade the operator asks for.
+    with run_registry(config, upgrade=True) as server, server.client() as http:
         # build_context ran the start-up import of [server] legacy_registry.
         ready = http.get("/ready").json()
         assert ready["legacy_registry"]["status"] == "imported", ready

@@ -18,11 +18,12 @@ from kiln_registry.auth.repository import AuditBounds
 from kiln_registry.auth.store import AuthStore
 from kiln_registry.config.access import auth_required
 from kiln_registry.config.settings import ServerConfig
+from kiln_registry.db.data_version import open_version_reader
 
 
 def install_auth(app: FastAPI, ctx: RegistryContext) -> None:
     server = ctx.config.server
-    table = TokenTable(server.database) if auth_required(server) else None
+    table = TokenTable(open_version_reader(ctx.engine)) if auth_required(server) else None
     app.state.token_table = table
     app.add_middleware(
         AuthMiddleware,

@@ -3,24 +3,26 @@
 Lookups are the registry's hot path (Kiln resolves an alias before every
 job), and a full read transaction plus re-rendering costs several times the
 HTTP handling.  The cache keeps the rendered JSON bytes per alias and stays
-coherent with the database file itself: SQLite's ``PRAGMA data_version``, read
-on a dedicated read-only connection, changes whenever ANY other connection
-(this process's writers, the job worker, another process) commits.  Any
-change empties the cache, and an entry is stored only if no commit happened
-since the version was read before its row was loaded, so a reader never sees
-a deleted alias or an old status.
+coherent with the database itself through ``db.data_version``: SQLite's
+``PRAGMA data_version`` on a dedicated read-only connection, or on
+PostgreSQL the trigger-maintained ``kiln_data_version`` row, moves whenever
+ANY other connection (this process's writers, the job worker, another
+process, another registry replica) commits.  Any change empties the cache,
+and an entry is stored only if no commit happened since the version was read
+before its row was loaded, so a reader never sees a deleted alias or an old
+status.
 
-The version read is one PRAGMA on an idle read-only connection in WAL mode
-(it reads the WAL index header; it never waits for a writer).  Bounded: at
-most ``MAX_ENTRIES`` aliases, then the cache is emptied.  Imports the
-standard library only.
+The version read never waits for a writer (a PRAGMA on an idle WAL reader;
+one autocommit SELECT on PostgreSQL).  Bounded: at most ``MAX_ENTRIES``
+aliases, then the cache is emptied.  Imports the standard library and
+``db.data_version``.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
-from pathlib import Path
+
+from kiln_registry.db.data_version import VersionReader, VersionUnreadable
 
 MAX_ENTRIES = 4096
 
@@ -28,9 +30,8 @@ MAX_ENTRIES = 4096
 class EntryCache:
     """Rendered entries keyed by alias, invalidated by the database's data_version."""
 
-    def __init__(self, database: Path) -> None:
-        self._database = database
-        self._conn: sqlite3.Connection | None = None
+    def __init__(self, reader: VersionReader) -> None:
+        self._reader = reader
         self._lock = threading.Lock()
         self._version: int | None = None
         self._entries: dict[str, bytes] = {}
@@ -38,19 +39,12 @@ class EntryCache:
         # served from here is only published after its checks pass.
         self._checks: dict[str, object] = {}
 
-    def _data_version(self) -> int | None:
-        if self._conn is None:
-            uri = Path(self._database).absolute().as_uri() + "?mode=ro"
-            self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        row = self._conn.execute("PRAGMA data_version").fetchone()
-        return int(row[0]) if row else None
-
     def version(self) -> int | None:
         """The current data_version (None if unreadable); empties the cache if it moved."""
         with self._lock:
             try:
-                current = self._data_version()
-            except sqlite3.Error:
+                current = self._reader.read()
+            except VersionUnreadable:
                 current = None
             if current is None or current != self._version:
                 self._entries.clear()
@@ -86,8 +80,6 @@ class EntryCache:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._reader.close()
             self._entries.clear()
             self._checks.clear()

@@ -3,25 +3,25 @@
 Maps the SHA-256 digest of each token to its ``TokenIdentity`` and expiry, so
 a request costs one hash and one dict lookup.  Coherent with the
 ``api_tokens`` table the same way ``api.entry_cache`` is with the teachers:
-``PRAGMA data_version`` on a dedicated read-only connection changes whenever
-any connection (this server, or ``kiln tokens revoke`` in another process)
-commits, and any change reloads the table, so a revocation applies to the next
+the ``db.data_version`` number moves whenever any connection (this server,
+another replica, or ``kiln tokens revoke`` in another process) commits, and
+any change reloads the table, so a revocation applies to the next
 request.  Last-used times are kept here and handed out for a batched write at
 most once a minute per token (``due_last_used``).  Imports the standard
-library and ``auth.tokens``/``auth.repository`` (for its one SELECT).
+library, ``db.data_version`` and ``auth.tokens``/``auth.repository`` (for
+its one SELECT).
 """
 
 from __future__ import annotations
 
 import hmac
-import sqlite3
 import threading
 import time
-from pathlib import Path
 from typing import Final
 
 from kiln_registry.auth.repository import TOKENS_SNAPSHOT, parse_time
 from kiln_registry.auth.tokens import TokenIdentity, token_digest, well_formed
+from kiln_registry.db.data_version import VersionReader, VersionUnreadable
 
 LAST_USED_INTERVAL_S: Final = 60.0
 TIME_TEXT: Final = "%Y-%m-%dT%H:%M:%S.000000Z"
@@ -30,9 +30,8 @@ TIME_TEXT: Final = "%Y-%m-%dT%H:%M:%S.000000Z"
 class TokenTable:
     """Digest -> (identity, expiry) for every stored token; reloaded on any commit."""
 
-    def __init__(self, database: Path) -> None:
-        self._database = database
-        self._conn: sqlite3.Connection | None = None
+    def __init__(self, reader: VersionReader) -> None:
+        self._reader = reader
         self._lock = threading.Lock()
         self._version: int | None = None
         self._tokens: dict[str, tuple[str, TokenIdentity, float | None]] = {}
@@ -41,20 +40,12 @@ class TokenTable:
         # True when some token's last-used time is due for its (batched) write.
         self.pending = False
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            uri = Path(self._database).absolute().as_uri() + "?mode=ro"
-            self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        return self._conn
-
     def _refresh(self) -> None:
-        conn = self._connection()
-        row = conn.execute("PRAGMA data_version").fetchone()
-        version = int(row[0]) if row else None
+        version = self._reader.read()
         if version is not None and version == self._version:
             return
         tokens: dict[str, tuple[str, TokenIdentity, float | None]] = {}
-        for name, digest, scopes, expires_at in conn.execute(TOKENS_SNAPSHOT):
+        for name, digest, scopes, expires_at in self._reader.rows(TOKENS_SNAPSHOT):
             expiry = None if expires_at is None else parse_time(expires_at).timestamp()
             identity = TokenIdentity(name=name, scopes=frozenset(scopes.split()))
             tokens[digest] = (digest, identity, expiry)
@@ -69,7 +60,7 @@ class TokenTable:
         with self._lock:
             try:
                 self._refresh()
-            except (sqlite3.Error, ValueError):
+            except (VersionUnreadable, ValueError):
                 self._version = None
                 return None
             found = self._tokens.get(digest)
@@ -100,7 +91,5 @@ class TokenTable:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._reader.close()
             self._tokens = {}

@@ -122,7 +122,7 @@ def _local_keys(config_path: Path) -> list[PublicKey]:
     from kiln_registry.jobs.signing import key_path, load_signer
 
     config = load_config(config_path)
-    return [load_signer(key_path(config.server.database)).public]
+    return [load_signer(key_path(config.server.state_path)).public]
 
 
 def _keys_show(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ from kiln_registry.cli.server_options import (
 )
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client.sync import RegistryClient
-from kiln_registry.domain.errors import ConfigError, InputError
+from kiln_registry.domain.errors import InputError
 from kiln_registry.domain.vocabulary import JobKind, JobStatus
 from kiln_registry.observability.progress import ProgressBar
 
@@ -166,19 +166,14 @@ def _result(args: argparse.Namespace) -> int:
 
 def _open_database(config_path: Path) -> Any:
     from kiln_registry.config.settings import load_config
-    from kiln_registry.db.engine import current_revision, head_revision, open_engine
+    from kiln_registry.db.opening import open_database, require_head
 
-    config = load_config(config_path)
-    if not config.server.database.is_file():
-        raise ConfigError(f"database {config.server.database} does not exist", rule="db.path")
-    engine = open_engine(config.server.database)
-    if current_revision(engine) != head_revision():
+    engine = open_database(load_config(config_path).server, create=False)
+    try:
+        require_head(engine)
+    except BaseException:
         engine.dispose()
-        raise ConfigError(
-            f"database {config.server.database} is not at the current schema revision",
-            rule="db.revision",
-            hint="start `kiln serve` once to migrate it",
-        )
+        raise
     return engine
 
 

@@ -20,25 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from kiln_registry.config.settings import load_config
-from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.db.engine import session_factory
+from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.legacy.registry import import_legacy_registry
 from kiln_registry.observability.progress import ProgressBar
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
 
-def _database_path(path: Path) -> Path:
-    # Same as `kiln serve`: a first run may create the data directory, private to the user.
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-    return path
-
-
 def _import(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    engine = open_engine(_database_path(config.server.database))
+    engine = open_database(config.server)
     try:
-        revision = upgrade_to_head(engine)
+        # Importing is maintenance the operator asked for: a legacy SQLite
+        # registry is converted (upgraded) first, as before.
+        revision = ensure_schema(engine, upgrade=True)
         # A bar over the entries on a terminal (stderr); nothing on a pipe.
         with ProgressBar("kiln registry import", unit="entries") as bar:
             result = import_legacy_registry(args.path, session_factory(engine), bar.update_to)

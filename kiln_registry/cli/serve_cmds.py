@@ -48,7 +48,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     server = prepare(args.config, host=args.host, port=args.port).server
     ensure_port_free(server.host, server.port)  # one `kiln: error:` line, exit status 2
-    run_server(args.config, host=args.host, port=args.port, insecure_no_auth=args.insecure_no_auth)
+    run_server(
+        args.config,
+        host=args.host,
+        port=args.port,
+        insecure_no_auth=args.insecure_no_auth,
+        upgrade=args.upgrade,
+    )
     return 0
 
 
@@ -61,6 +67,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--insecure-no-auth",
         action="store_true",
         help='accept [server] auth = "off" on a non-loopback host (logs a warning every hour)',
+    )
+    serve.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="upgrade a database behind this release's schema before serving"
+        " (otherwise refused; see `kiln db upgrade`)",
     )
     serve.set_defaults(func=_serve)
 

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from kiln_registry.auth.repository import AuditBounds, AuditRepository, TokenRepository
 from kiln_registry.auth.tokens import SCOPES, check_scopes
 from kiln_registry.config.settings import load_config
-from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.db.engine import session_factory
+from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.text import quoted
 
@@ -31,10 +32,12 @@ SubParsers = Any  # argparse's _SubParsersAction is private
 
 def _sessions(config_path: Path) -> Any:
     config = load_config(config_path)
-    database = config.server.database
-    database.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    engine = open_engine(database)
-    upgrade_to_head(engine)
+    engine = open_database(config.server)
+    try:
+        ensure_schema(engine, upgrade=False)
+    except BaseException:
+        engine.dispose()
+        raise
     return engine, session_factory(engine)
 
 

@@ -56,6 +56,7 @@ from kiln_registry.credentials.secrets import (
     check_environment_variable,
     is_valid_env_name,
 )
+from kiln_registry.db.location import PostgresDatabase, database_value
 from kiln_registry.domain.errors import ConfigError, KilnError, PolicyError
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.launcher.policy import classify_vllm_options
@@ -152,6 +153,7 @@ def _check_served_id(value: str) -> str:
 
 
 ConfigPath = Annotated[Path, BeforeValidator(_path_text), AfterValidator(_resolve_path)]
+DatabaseSetting = Annotated[ConfigPath | PostgresDatabase, BeforeValidator(database_value)]
 EntryId = Annotated[str, AfterValidator(_check_id)]
 Port = Annotated[StrictInt, Field(ge=1, le=65535)]
 
@@ -163,7 +165,9 @@ class ServerConfig(KilnServerKeys, ServerGuardKeys):
 
     host: Annotated[str, AfterValidator(_check_host)] = "127.0.0.1"
     port: Port = 8420
-    database: ConfigPath = Field(default_factory=default_database_path)
+    database: DatabaseSetting = Field(default_factory=default_database_path)
+    database_password_env: Annotated[str, AfterValidator(_check_env_name)] | None = None
+    state_dir: ConfigPath | None = None
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["info", "debug", "warning"] = "info"
     legacy_registry: ConfigPath | None = None
@@ -181,6 +185,31 @@ class ServerConfig(KilnServerKeys, ServerGuardKeys):
     def _tls_keys(self) -> ServerConfig:
         check_tls_keys(self)
         return self
+
+    @model_validator(mode="after")
+    def _database_keys(self) -> ServerConfig:
+        if isinstance(self.database, PostgresDatabase):
+            if self.state_dir is None:
+                raise ValueError(
+                    "state_dir is required with a PostgreSQL database: name the directory "
+                    "for the corpus-signing key, job results and local-teacher state"
+                )
+        elif self.database_password_env is not None:
+            raise ValueError("database_password_env applies only to a PostgreSQL database")
+        return self
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The SQLite file, or None when the database is PostgreSQL."""
+        return self.database if isinstance(self.database, Path) else None
+
+    @property
+    def state_path(self) -> Path:
+        """Where the registry keeps files: ``state_dir``, else the SQLite file's folder."""
+        if self.state_dir is not None:
+            return self.state_dir
+        assert isinstance(self.database, Path)  # _database_keys
+        return self.database.parent
 
 
 class StudentConfig(BaseModel):
@@ -258,11 +287,26 @@ class JobsConfig(JobsGuardKeys):
     corpus_root: ConfigPath | None = None
     result_root: ConfigPath | None = None
     cache: StrictBool = True
+    # Issue 17: a claim is a lease renewed every heartbeat; another worker may take the job
+    # over ``lease_timeout_s`` after the last renewal.  ``kiln serve`` runs workers unless false.
+    lease_heartbeat_s: Annotated[StrictFloat, Field(gt=0, le=600)] = 5.0
+    lease_timeout_s: Annotated[StrictFloat, Field(gt=0, le=3600)] = 30.0
+    embedded_workers: StrictBool = True
 
     @model_validator(mode="after")
     def _unique_devices(self) -> JobsConfig:
         if len(set(self.devices)) != len(self.devices):
             raise ValueError("devices must not repeat a device")
+        return self
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> JobsConfig:
+        if self.lease_timeout_s <= 2 * self.lease_heartbeat_s:
+            raise ValueError(
+                f"lease_timeout_s ({self.lease_timeout_s:g}) must be more than twice"
+                f" lease_heartbeat_s ({self.lease_heartbeat_s:g}), so one late renewal does"
+                " not hand a live job to another worker; raise the timeout or lower the heartbeat"
+            )
         return self
 
 
@@ -394,6 +438,12 @@ def check_startup_environment(config: KilnConfig, environ: Mapping[str, str]) ->
     """
     problems: list[str] = []
     rules: set[str | None] = set()
+    if config.server.database_password_env is not None:
+        try:
+            check_environment_variable(config.server.database_password_env, environ)
+        except KilnError as exc:
+            problems.append(f"server.database_password_env: {exc.message}")
+            rules.add(exc.rule)
     for credential_id, credential in sorted(config.teachers.credentials.items()):
         try:
             check_environment_variable(credential.api_key_env, environ)
@@ -404,5 +454,6 @@ def check_startup_environment(config: KilnConfig, environ: Mapping[str, str]) ->
         raise ConfigError(
             "; ".join(problems),
             rule=rules.pop() if len(rules) == 1 else "secret.startup",
-            hint="export each api_key_env variable in the server's environment",
+            hint="export each api_key_env (and database_password_env) variable in the "
+            "server's environment",
         )

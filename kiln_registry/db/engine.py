@@ -46,7 +46,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final, Literal
@@ -60,12 +60,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.db.legacy import LEGACY_BASE_REVISION, check_legacy_rows, is_legacy_v0
+from kiln_registry.db.location import PostgresDatabase
+from kiln_registry.db.postgres import BEGIN_OPTION as BEGIN_OPTION
+from kiln_registry.db.postgres import open_postgres, table_names
 from kiln_registry.domain.errors import ConfigError
 
 log = logging.getLogger("kiln_registry.db")
 
 BUSY_TIMEOUT_MS: Final = 5000
-BEGIN_OPTION: Final = "kiln_sqlite_begin"
 _BEGIN_MODES: Final = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN DEFERRED"}
 _MAX_TABLES: Final = 1000
 _MAX_VERSION_ROWS: Final = 100
@@ -123,14 +125,35 @@ def _on_begin(connection: Connection) -> None:
     connection.exec_driver_sql(statement)
 
 
-def open_engine(path: str | Path) -> Engine:
-    """An Engine on the SQLite file ``path``; its parent directory must exist.
+def open_engine(
+    location: str | Path | PostgresDatabase,
+    *,
+    password_env: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Engine:
+    """An Engine on a SQLite file (a path) or a PostgreSQL database.
 
-    The file is created if absent.  One connection is opened at once so
-    that a missing directory, a non-SQLite file or a file system without
-    WAL support fails here, with a ``ConfigError`` naming the path.
+    SQLite: the file is created if absent; its parent directory must exist.
+    PostgreSQL: ``password_env`` names the variable read at each new
+    connection (``environ``, default ``os.environ``).  Either way one
+    connection is opened at once, so an unusable database fails here with a
+    ``ConfigError`` naming it (never the password).
     """
-    db_path = Path(path)
+    if isinstance(location, PostgresDatabase):
+        return open_postgres(location, password_env=password_env, environ=environ)
+    if password_env is not None:
+        raise ConfigError("a password variable applies only to PostgreSQL", rule="db.password_env")
+    return _open_sqlite(Path(location))
+
+
+def database_label(engine: Engine) -> str:
+    """What error messages call the database: the SQLite path or the password-free URL."""
+    if engine.dialect.name == "sqlite":
+        return str(engine.url.database)
+    return engine.url.render_as_string(hide_password=True)
+
+
+def _open_sqlite(db_path: Path) -> Engine:
     if not db_path.parent.is_dir():
         raise ConfigError(
             f"database directory {db_path.parent} does not exist",
@@ -172,7 +195,7 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextmanager
-def _read_connection(engine: Engine) -> Iterator[Connection]:
+def read_connection(engine: Engine) -> Iterator[Connection]:
     with engine.connect() as conn:
         conn = conn.execution_options(**{BEGIN_OPTION: "DEFERRED"})
         try:
@@ -183,6 +206,9 @@ def _read_connection(engine: Engine) -> Iterator[Connection]:
 
 def _table_names(conn: Connection) -> list[str] | None:
     """User tables in ``conn``'s main schema; None when there are absurdly many."""
+    if conn.dialect.name != "sqlite":
+        names = table_names(conn, _MAX_TABLES)
+        return None if len(names) > _MAX_TABLES else names
     rows = conn.execute(
         text(
             "SELECT name FROM sqlite_master WHERE type = 'table' "
@@ -220,7 +246,7 @@ def detect_database_shape(conn: Connection) -> DatabaseShape:
         return "empty" if tables == ["alembic_version"] else "unknown"
     if not tables:
         return "empty"
-    if tables == ["teachers"] and is_legacy_v0(conn):
+    if tables == ["teachers"] and conn.dialect.name == "sqlite" and is_legacy_v0(conn):
         return "legacy_v0"
     return "unknown"
 
@@ -302,9 +328,10 @@ def upgrade_to_head(engine: Engine, *, script_location: Path | None = None) -> s
     """
     location = script_location if script_location is not None else migrations_dir()
     script = ScriptDirectory.from_config(_alembic_config(location))
-    where = str(engine.url.database)
-    # engine.begin(): BEGIN IMMEDIATE now, so two starting servers cannot
-    # both see "at 0001" and both upgrade; COMMIT only if all succeeded.
+    where = database_label(engine)
+    # engine.begin(): BEGIN IMMEDIATE (PostgreSQL: the advisory write lock) now,
+    # so two starting servers cannot both see "at 0001" and both upgrade;
+    # COMMIT only if all succeeded.
     with engine.begin() as conn:
         shape = _refuse_unusable(conn, script, where)
         config = _alembic_config(location, conn)
@@ -314,13 +341,14 @@ def upgrade_to_head(engine: Engine, *, script_location: Path | None = None) -> s
         revision = MigrationContext.configure(conn).get_current_revision()
     if revision is None:
         raise ConfigError(f"database {where} has no revision after upgrade", rule="db.upgrade")
-    _checkpoint(engine, vacuum=shape == "legacy_v0")
+    if engine.dialect.name == "sqlite":
+        _checkpoint(engine, vacuum=shape == "legacy_v0")
     return revision
 
 
 def current_revision(engine: Engine) -> str | None:
     """The database's Alembic revision, or None when it has none (e.g. empty)."""
-    with _read_connection(engine) as conn:
+    with read_connection(engine) as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 

@@ -56,6 +56,7 @@ DEFAULT_MAX_TEACHERS: Final = 10_000  # [server] max_teachers
 MAX_RECEIPT_LIMIT: Final = 1_000
 MAX_REPORT_BYTES: Final = 1 << 20
 MAX_STATUS_MESSAGE_CHARS: Final = 2_000
+_PG_UNIQUE_VIOLATION: Final = "23505"
 _UNIQUE_ERRORS: Final = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 
 
@@ -71,12 +72,12 @@ def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
         )
 
 
-def _is_unique_violation(exc: IntegrityError) -> bool:
+def is_unique_violation(exc: IntegrityError) -> bool:
+    """A primary-key or unique violation, on SQLite or PostgreSQL (SQLSTATE 23505)."""
     orig = exc.orig
-    return (
-        isinstance(orig, sqlite3.IntegrityError)
-        and getattr(orig, "sqlite_errorname", None) in _UNIQUE_ERRORS
-    )
+    if isinstance(orig, sqlite3.IntegrityError):
+        return getattr(orig, "sqlite_errorname", None) in _UNIQUE_ERRORS
+    return getattr(orig, "sqlstate", None) == _PG_UNIQUE_VIOLATION
 
 
 def _report_json(report: Mapping[str, Any]) -> str:
@@ -123,7 +124,7 @@ class TeacherRepository:
             with self._session.begin_nested():
                 self._session.add(row)
         except IntegrityError as exc:
-            if not _is_unique_violation(exc):
+            if not is_unique_violation(exc):
                 raise
             raise AliasExists(f"teacher alias {row.alias!r} is already registered") from exc
 

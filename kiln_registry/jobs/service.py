@@ -73,7 +73,7 @@ class PinnedTeacher:
 
 def result_dir(config: KilnConfig) -> Path:
     """``[jobs] result_root``, or ``job-results`` beside the database."""
-    return config.jobs.result_root or config.server.database.parent / RESULT_DIR_NAME
+    return config.jobs.result_root or config.server.state_path / RESULT_DIR_NAME
 
 
 def result_root(config: KilnConfig) -> Path:

@@ -52,9 +52,9 @@ KEY_FIELDS: Final = ("key_id", "algorithm", "public_key")
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 
-def key_path(database: Path) -> Path:
-    """Where the signing key of the registry whose database is ``database`` lives."""
-    return database.parent / KEY_FILE_NAME
+def key_path(state_dir: Path) -> Path:
+    """Where the signing key lives in a registry's ``[server]`` state directory."""
+    return state_dir / KEY_FILE_NAME
 
 
 def signed_message(sha256_hex: str) -> bytes:

@@ -122,7 +122,7 @@ def _max_model_len(config: KilnConfig) -> int:
 
 def state_roots(config: KilnConfig) -> tuple[Path, Path]:
     """``(snapshot_root, cache_root)`` beside the database, created with mode 0700."""
-    base = config.server.database.parent / STATE_DIR_NAME
+    base = config.server.state_path / STATE_DIR_NAME
     roots = (base / "snapshots", base / "cache")
     for path in (base, *roots):
         path.mkdir(mode=0o700, exist_ok=True)

@@ -40,7 +40,8 @@ from kiln_registry.auth.serving import (
     warn_without_auth,
 )
 from kiln_registry.config.settings import KilnConfig, check_startup_environment, load_config
-from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.db.engine import database_label, session_factory
+from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.domain.errors import ConfigError
 from kiln_registry.domain.text import ErrorItem, error_location, error_message, render_errors
 from kiln_registry.legacy.registry import import_configured_legacy_registry
@@ -58,22 +59,22 @@ STARTUP_FAILURE = 3
 MAX_OVERRIDE_ERRORS = 10
 
 
-def _database_path(path: Path) -> Path:
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-    return path
+def build_context(
+    config: KilnConfig, *, local_prepare: Prepare | None = None, upgrade: bool = False
+) -> RegistryContext:
+    """Load the student, open the database, mark local aliases unavailable.
 
-
-def build_context(config: KilnConfig, *, local_prepare: Prepare | None = None) -> RegistryContext:
-    """Load the student, open and upgrade the database, mark local aliases unavailable.
+    A new database is created at head; one behind head is upgraded only
+    with ``upgrade`` (``kiln serve --upgrade``), otherwise refused
+    (``db.opening.ensure_schema``).
 
     The context owns the local-teacher manager (``local_prepare`` replaces the
     launcher library, for tests); ``ctx.close()`` drains it.  Nothing is bound yet.
     """
     vocab_sha256, width, tokenizer_size = student_shape(config.student.model_path)
-    engine = open_engine(_database_path(config.server.database))
+    engine = open_database(config.server)
     try:
-        revision = upgrade_to_head(engine)
+        revision = ensure_schema(engine, upgrade=upgrade)
         import_configured_legacy_registry(config, session_factory(engine))
     except BaseException:
         engine.dispose()
@@ -144,6 +145,7 @@ def run_server(
     port: int | None = None,
     local_prepare: Prepare | None = None,
     insecure_no_auth: bool = False,
+    upgrade: bool = False,
 ) -> None:
     """``kiln serve``: blocks until SIGINT/SIGTERM, then drains the local teachers."""
     from kiln_registry.api.app import create_app
@@ -155,13 +157,13 @@ def run_server(
     tls_options = uvicorn_tls_options(server)
     configure_logging(server.log_format, config.secret_env_names(), server.log_level)
     install_token_redaction()
-    ctx = build_context(config, local_prepare=local_prepare)
+    ctx = build_context(config, local_prepare=local_prepare, upgrade=upgrade)
     warn_without_auth(server)
     log.info(
         "kiln-registry serving on %s:%d (database %s at revision %s, student width %d)",
         server.host,
         server.port,
-        server.database,
+        database_label(ctx.engine),
         ctx.database_revision,
         ctx.student.model_width,
     )

@@ -72,8 +72,23 @@ def _sequence_columns(generation: bool) -> list[sa.Column[object]]:
     return columns
 
 
+def _alter_in_place(generation: bool) -> None:
+    """PostgreSQL: the same target shape by ALTER (it has real ALTER TABLE)."""
+    op.drop_constraint("ck_jobs_kind", "jobs", type_="check")
+    op.create_check_constraint("ck_jobs_kind", "jobs", _KINDS_NEW if generation else _KINDS_OLD)
+    if generation:
+        op.add_column("jobs", sa.Column("generation_json", sa.Text(), nullable=True))
+        op.add_column("job_sequences", sa.Column("messages_json", sa.Text(), nullable=True))
+    else:
+        op.drop_column("jobs", "generation_json")
+        op.drop_column("job_sequences", "messages_json")
+
+
 def _rebuild(generation: bool) -> None:
     """Recreate ``jobs`` and ``job_sequences`` in the target shape, keeping every row."""
+    if op.get_bind().dialect.name != "sqlite":
+        _alter_in_place(generation)
+        return
     seq_cols = "job_id, idx, seq_id, token_ids, token_sha256"
     op.execute(f"CREATE TABLE _kiln_seq_keep AS SELECT {seq_cols} FROM job_sequences")
     op.drop_table("job_sequences")

@@ -109,14 +109,18 @@ class RegistryServer:
 
 @contextmanager
 def run_registry(
-    config_path: Path, *, host: str | None = None, extend: Callable[[Any], None] | None = None
+    config_path: Path,
+    *,
+    host: str | None = None,
+    extend: Callable[[Any], None] | None = None,
+    upgrade: bool = False,
 ) -> Iterator[RegistryServer]:
     """``prepare`` + ``build_context`` + ``create_app`` under uvicorn in a thread.
 
     ``extend(app)`` may add test-only routes before the server starts.
     """
     config = prepare(config_path, host=host, port=None)
-    ctx = build_context(config)
+    ctx = build_context(config, upgrade=upgrade)
     app = create_app(ctx)
     if extend is not None:
         extend(app)

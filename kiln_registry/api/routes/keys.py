@@ -55,7 +55,7 @@ class KeysResponse(WireModel):
 
 
 def _public_keys(ctx: RegistryContext) -> KeysResponse:
-    signer = signing.load_or_create_signer(signing.key_path(ctx.config.server.database))
+    signer = signing.load_or_create_signer(signing.key_path(ctx.config.server.state_path))
     return KeysResponse.model_validate(signing.keys_document([signer.public]))
 
 
