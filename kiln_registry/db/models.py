@@ -17,7 +17,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Final
 
-from sqlalchemy import CheckConstraint, Index, Integer, MetaData, Text
+from sqlalchemy import (
+    CheckConstraint,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from kiln_registry.domain.vocabulary import TEACHER_KINDS_REMOTE_FIRST, TeacherStatus
@@ -28,6 +37,7 @@ TEACHER_KINDS: Final[tuple[str, ...]] = TEACHER_KINDS_REMOTE_FIRST
 TEACHER_STATUSES: Final[tuple[str, ...]] = tuple(status.value for status in TeacherStatus)
 RECEIPT_OUTCOMES: Final = ("passed", "failed")
 LEGACY_IMPORT_OUTCOMES: Final = ("imported", "refused")
+REPLICA_STATUSES: Final = ("verified", "unavailable")
 
 # Explicit constraint names keep Alembic batch operations on SQLite
 # deterministic: a batch "move and copy" can only drop or alter a constraint
@@ -138,6 +148,26 @@ class LegacyImportStatusRow(Base):
     outcome: Mapped[str] = mapped_column(Text)
     rule: Mapped[str | None] = mapped_column(Text)
     message: Mapped[str] = mapped_column(Text)
+    checked_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
+
+
+class TeacherReplicaRow(Base):
+    """One endpoint of an alias registered with ``urls`` (revision 0008); gone with its alias."""
+
+    __tablename__ = "teacher_replicas"
+    __table_args__ = (
+        PrimaryKeyConstraint("alias", "idx", name="pk_teacher_replicas"),
+        UniqueConstraint("alias", "url", name="uq_teacher_replicas_alias_url"),
+        CheckConstraint(in_list("status", REPLICA_STATUSES), name="status"),
+        ForeignKeyConstraint(["alias"], ["teachers.alias"], ondelete="CASCADE"),
+    )
+
+    alias: Mapped[str] = mapped_column(Text)
+    idx: Mapped[int] = mapped_column(Integer)
+    url: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    status_message: Mapped[str | None] = mapped_column(Text)
+    identity_digest: Mapped[str | None] = mapped_column(Text)
     checked_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
 
 
