@@ -6,6 +6,14 @@ once per release by whoever operates the database (several replicas and
 workers then start on it unchanged).  It prints one JSON object: the
 database (never a password) and its revision before and after.
 
+``kiln db copy --from SRC --to DST`` moves a registry into a new, empty
+database (a SQLite registry onto PostgreSQL above all; ``kiln_registry.db.copy``
+has the rules).  SRC and DST are spelled as ``[server] database`` is
+(relative paths from the current directory); a PostgreSQL password comes
+only from the variable named by ``--from-password-env``/``--to-password-env``.
+It prints one JSON summary: both databases (no password), the revision and
+the rows per table.
+
 Imports: standard library and kiln_registry (config, db); never the API.
 """
 
@@ -17,9 +25,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from kiln_registry.config.settings import check_startup_environment, load_config
-from kiln_registry.db.engine import current_revision, database_label
-from kiln_registry.db.opening import ensure_schema, open_database
+from kiln_registry.db.copy import copy_database, parse_location
+from kiln_registry.db.engine import current_revision, database_label, open_engine
+from kiln_registry.db.location import PostgresDatabase
+from kiln_registry.db.opening import ensure_schema, open_database, require_head
+from kiln_registry.domain.errors import ConfigError
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
@@ -41,6 +54,35 @@ def _upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_side(value: str, password_env: str | None, *, flag: str, source: bool) -> Engine:
+    location = parse_location(value, flag=flag, cwd=Path.cwd())
+    if isinstance(location, PostgresDatabase):
+        return open_engine(location, password_env=password_env)
+    if password_env is not None:
+        raise ConfigError(
+            f"{flag}-password-env applies only to a PostgreSQL database", rule="db.password_env"
+        )
+    if source and not location.is_file():
+        # open_engine would create an empty file; the source must be an existing registry.
+        raise ConfigError(f"{flag}: database {location} does not exist", rule="db.path")
+    return open_engine(location)
+
+
+def _copy(args: argparse.Namespace) -> int:
+    source = _open_side(args.source, args.from_password_env, flag="--from", source=True)
+    try:
+        require_head(source)  # before the target is opened (a SQLite target is created)
+        target = _open_side(args.target, args.to_password_env, flag="--to", source=False)
+        try:
+            summary = copy_database(source, target)
+        finally:
+            target.dispose()
+    finally:
+        source.dispose()
+    sys.stdout.write(json.dumps(summary.as_json(), indent=2) + "\n")
+    return 0
+
+
 def register(sub: SubParsers) -> None:
     db = sub.add_parser("db", help="create, upgrade or copy the registry database")
     commands = db.add_subparsers(dest="db_command", required=True)
@@ -49,3 +91,32 @@ def register(sub: SubParsers) -> None:
     )
     upgrade.add_argument("--config", type=Path, required=True, help="path to kiln.toml")
     upgrade.set_defaults(func=_upgrade)
+    copy = commands.add_parser(
+        "copy", help="copy a registry database into a new, empty one (e.g. SQLite to PostgreSQL)"
+    )
+    copy.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="DATABASE",
+        help="the registry to read: a SQLite path, sqlite:///PATH or a "
+        "postgresql+psycopg:// URL (no password in it)",
+    )
+    copy.add_argument(
+        "--to",
+        dest="target",
+        required=True,
+        metavar="DATABASE",
+        help="the empty database to create the schema in and fill",
+    )
+    copy.add_argument(
+        "--from-password-env",
+        metavar="NAME",
+        help="environment variable holding the source PostgreSQL password",
+    )
+    copy.add_argument(
+        "--to-password-env",
+        metavar="NAME",
+        help="environment variable holding the target PostgreSQL password",
+    )
+    copy.set_defaults(func=_copy)

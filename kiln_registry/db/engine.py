@@ -346,6 +346,21 @@ def upgrade_to_head(engine: Engine, *, script_location: Path | None = None) -> s
     return revision
 
 
+def upgrade_connection(conn: Connection, *, script_location: Path | None = None) -> str:
+    """Run every pending revision on ``conn`` inside the caller's open transaction.
+
+    For a caller that does more in that same transaction (``db.copy`` creates
+    the schema of an empty database and fills it, committing once).  The
+    caller has checked the database's shape; nothing is committed here.
+    """
+    location = script_location if script_location is not None else migrations_dir()
+    command.upgrade(_alembic_config(location, conn), "head")
+    revision = MigrationContext.configure(conn).get_current_revision()
+    if revision is None:
+        raise ConfigError("the database has no revision after upgrade", rule="db.upgrade")
+    return revision
+
+
 def current_revision(engine: Engine) -> str | None:
     """The database's Alembic revision, or None when it has none (e.g. empty)."""
     with read_connection(engine) as conn:
