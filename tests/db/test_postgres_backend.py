@@ -35,6 +35,7 @@ from tests.pg_server import PostgresServer
 from tests.scaleout.support import pg_config
 
 REPO = Path(__file__).resolve().parents[2]
+OLDER = "0005_off_policy_generation"
 
 
 def _kiln(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -93,7 +94,7 @@ def test_config_rules_for_the_database_keys(tmp_path: Path) -> None:
                 "database_password_env": "KILN_DB_PASSWORD",
                 "state_dir": str(tmp_path),
             },
-        }  # fmt: skip
+        }
     )
     assert config.server.state_path == tmp_path and config.server.sqlite_path is None
     with pytest.raises(ConfigError, match="KILN_DB_PASSWORD") as caught:
