@@ -23,9 +23,11 @@ from __future__ import annotations
 from kiln_registry.api.schemas import (
     LogitSourceCaps,
     RemoteProvider,
+    ReplicaStatus,
     TeacherEntry,
     TeacherIdentityV1,
     TeacherKind,
+    TeacherReplica,
     TeacherSpec,
     TeacherStatus,
 )
@@ -116,4 +118,20 @@ def entry_from_row(row: TeacherRow, problem: str | None = None) -> TeacherEntry:
         identity_revision=identity.revision() if identity else None,
         off_policy_manifest=off_policy_manifest(identity) if identity else None,
         status_message=_status_message(row, status, problem),
+        replicas=_replicas(row),
     )
+
+
+def _replicas(row: TeacherRow) -> list[TeacherReplica] | None:
+    """A replica-set alias's endpoints (registry extension); None for one URL (Kiln's shape)."""
+    if not row.replicas:
+        return None
+    return [
+        TeacherReplica(
+            url=r.url,
+            status=ReplicaStatus(r.status),
+            status_message=r.status_message or None,
+            checked_at=r.checked_at,
+        )
+        for r in row.replicas
+    ]

@@ -35,7 +35,7 @@ from kiln_registry.api.wire import Sha256Hex as Sha256Hex
 from kiln_registry.api.wire import Sha256Ref as Sha256Ref
 from kiln_registry.api.wire import WireModel as WireModel
 from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
-from kiln_registry.domain.limits import MAX_NOTES_CHARS, MAX_TEXT_CHARS
+from kiln_registry.domain.limits import MAX_NOTES_CHARS, MAX_REPLICA_URLS, MAX_TEXT_CHARS
 from kiln_registry.domain.vocabulary import TeacherKind as TeacherKind
 from kiln_registry.domain.vocabulary import TeacherStatus as StoredStatus
 
@@ -115,6 +115,13 @@ class RegisterTeacherRequest(BaseModel):
         description="Served model id (remote, fixture); ignored for kind `local` (as in Kiln).",
     )
     url: str | None = Field(default=None, description="Teacher base URL (remote only).")
+    urls: tuple[str, ...] | None = Field(
+        default=None,
+        max_length=MAX_REPLICA_URLS,
+        description="Registry extension (remote only), instead of `url`: 2 to"
+        f" {MAX_REPLICA_URLS} distinct base URLs of one teacher's replicas; every replica"
+        " must prove the same identity.",
+    )
     credential_id: str | None = Field(
         default=None, description="A `[teachers.credentials.<id>]` entry bound to the URL's origin."
     )
@@ -154,6 +161,17 @@ class RegisterTeacherRequest(BaseModel):
             raise ValueError("must not be empty or blank")
         return _bounded_text(value, "value", MAX_TEXT_CHARS)
 
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        for url in value:
+            if not url.strip():
+                raise ValueError("a replica URL must not be empty or blank")
+            _bounded_text(url, "a replica URL", MAX_TEXT_CHARS)
+        return value
+
     @field_validator("notes")
     @classmethod
     def _notes(cls, value: str | None) -> str | None:
@@ -180,7 +198,7 @@ def _registration_problems(data: dict[str, Any]) -> list[str]:
         problems += [
             "`provider`, `url`, and `credential_id` are only valid on kind=remote"
             f" teachers ({name} was given for kind '{kind}')"
-            for name in ("provider", "url", "credential_id")
+            for name in ("provider", "url", "urls", "credential_id")
             if name in given
         ]
         if kind == "fixture" and "model_id" not in given:
@@ -203,8 +221,10 @@ def _remote_problems(provider: object, given: set[str]) -> list[str]:
             f"provider {provider!r} is not supported for registration:"
             " only 'vllm' teachers can prove a Kiln identity"
         )
-    problems += [f"{name} is required for kind 'remote'" for name in ("model_id", "url")
-                 if name not in given]  # fmt: skip
+    if "model_id" not in given:
+        problems.append("model_id is required for kind 'remote'")
+    if "url" not in given and "urls" not in given:
+        problems.append("url (or urls, for a replica set) is required for kind 'remote'")
     if "adapter" in given:
         problems.append("adapter must be null for kind 'remote' (the identity binds it)")
     return problems
@@ -300,6 +320,24 @@ class LogitSourceCaps(WireModel):
     )
 
 
+class ReplicaStatus(StrEnum):
+    verified = "verified"
+    unavailable = "unavailable"
+
+
+class TeacherReplica(WireModel):
+    """One endpoint of a replica-set alias (registry extension)."""
+
+    url: str = Field(min_length=1, description="The replica's base URL.")
+    status: ReplicaStatus = Field(
+        description="`verified` (its last probe proved the alias's identity) or `unavailable`."
+    )
+    status_message: str | None = Field(
+        default=None, min_length=1, description="Why the replica is unavailable; absent if not."
+    )
+    checked_at: str = Field(description="When the replica was last probed (UTC, ISO-8601).")
+
+
 class TeacherEntry(WireModel):
     spec: TeacherSpec = Field(description="What was registered and proven.")
     capabilities: LogitSourceCaps | None = Field(
@@ -323,6 +361,11 @@ class TeacherEntry(WireModel):
         default=None,
         min_length=1,
         description="Why the alias is not usable (rule and message); absent when it is.",
+    )
+    replicas: list[TeacherReplica] | None = Field(
+        default=None,
+        description="Registry extension: each endpoint of an alias registered with `urls`, in"
+        " order; absent for a single-URL alias.",
     )
 
 

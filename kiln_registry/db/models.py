@@ -15,7 +15,7 @@ Imports: the standard library, SQLAlchemy and ``kiln_registry.domain.vocabulary`
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import (
     CheckConstraint,
@@ -27,7 +27,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from kiln_registry.domain.vocabulary import TEACHER_KINDS_REMOTE_FIRST, TeacherStatus
 
@@ -97,6 +97,17 @@ class TeacherRow(Base):
     status_message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
     updated_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
+    # A replica-set alias's endpoints (revision 0008), loaded with the row; empty otherwise.
+    replicas: Mapped[list[TeacherReplicaRow]] = relationship(
+        lazy="selectin",
+        order_by="TeacherReplicaRow.idx",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+
+    def __init__(self, **fields: Any) -> None:
+        fields.setdefault("replicas", [])  # loaded, so readable after the session closes
+        super().__init__(**fields)
 
     def __repr__(self) -> str:
         return f"TeacherRow(alias={self.alias!r}, kind={self.kind!r}, status={self.status!r})"

@@ -27,3 +27,6 @@ MAX_VOCAB_SIZE: Final = 16_777_216
 
 MAX_NOTES_CHARS: Final = 4096
 MAX_TEXT_CHARS: Final = 2048
+# A replica-set alias (``urls``): at least two endpoints, at most this many.
+MIN_REPLICA_URLS: Final = 2
+MAX_REPLICA_URLS: Final = 16

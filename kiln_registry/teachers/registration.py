@@ -20,6 +20,9 @@ database and ``auth.reserved``; never the API layer or FastAPI.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.auth.reserved import ReservedAliases, refuse_reserved
@@ -36,7 +39,7 @@ from kiln_registry.domain.errors import (
 )
 from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.teachers import local_registration, local_relaunch
+from kiln_registry.teachers import local_registration, local_relaunch, replicas
 from kiln_registry.teachers.context import TeacherServices
 from kiln_registry.teachers.probing import (
     ProbeOutcome,
@@ -107,6 +110,9 @@ async def _register(ctx: TeacherServices, req: TeacherRequest) -> TeacherRow:
         return await run_in_threadpool(_persist, ctx, _fixture_row(req), None)
     if req.kind is TeacherKind.local:
         return await local_registration.register_local(ctx, req)
+    urls = replicas.replica_urls(req.url, req.urls)
+    if urls is not None:
+        return await replicas.register_replicas(ctx, req, urls)
     if req.url is None or req.model_id is None:  # the schema enforces both for 'remote'
         raise RegistrationInvalid("url and model_id are required for kind 'remote'")
     resolved = resolve_endpoint(ctx.config, req.url, req.credential_id)
@@ -157,15 +163,33 @@ def _store_outcome(
         repo = TeacherRepository(session)
         if receipt is not None:
             receipt.store(session, row.alias, identity.digest())
-        try:
-            if failure is not None:
-                repo.update_status(row.alias, TeacherStatus.unavailable.value, failure)
-            elif row.status == TeacherStatus.unavailable.value and (
-                row.status_message or ""
-            ).startswith(REPROBE_FAILED):
-                repo.update_status(row.alias, TeacherStatus.verified.value, None)
-        except TeacherNotFound:
-            pass  # deleted meanwhile; the receipt stays for audit
+        with contextlib.suppress(TeacherNotFound):  # deleted meanwhile; receipt kept for audit
+            _apply_status(repo, row, failure)
+
+
+def _apply_status(repo: TeacherRepository, row: TeacherRow, failure: str | None) -> None:
+    """A failure makes the alias unavailable; a pass undoes only a failed re-probe's mark."""
+    if failure is not None:
+        repo.update_status(row.alias, TeacherStatus.unavailable.value, failure)
+    elif row.status == TeacherStatus.unavailable.value and (row.status_message or "").startswith(
+        REPROBE_FAILED
+    ):
+        repo.update_status(row.alias, TeacherStatus.verified.value, None)
+
+
+def _alias_status(
+    ctx: TeacherServices, row: TeacherRow
+) -> Callable[[KilnError | None], Callable[[TeacherRepository], None]]:
+    """A replica set's status update after a re-probe: ``_store_outcome``'s rule."""
+
+    def for_failure(failure: KilnError | None) -> Callable[[TeacherRepository], None]:
+        def update(repo: TeacherRepository) -> None:
+            message = None if failure is None else _reprobe_message(ctx, row.alias, failure)
+            _apply_status(repo, row, message)
+
+        return update
+
+    return for_failure
 
 
 async def reprobe_teacher(ctx: TeacherServices, alias: str) -> ProbeOutcome:
@@ -177,6 +201,8 @@ async def reprobe_teacher(ctx: TeacherServices, alias: str) -> ProbeOutcome:
     """
     row = await run_in_threadpool(load_row, ctx, alias)
     identity = require_identity(row)
+    if row.replicas:
+        return await replicas.reprobe_replicas(ctx, row, identity, _alias_status(ctx, row))
     if row.url is None:
         raise IdentityRequired(f"teacher alias {alias!r} has no endpoint to probe")
     resolved = resolve_endpoint(ctx.config, row.url, row.credential_id)

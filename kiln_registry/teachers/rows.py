@@ -47,6 +47,9 @@ class TeacherRequest(Protocol):
     def url(self) -> str | None: ...
 
     @property
+    def urls(self) -> tuple[str, ...] | None: ...
+
+    @property
     def credential_id(self) -> str | None: ...
 
     @property
