@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple, cast
 
-from sqlalchemy import CursorResult, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, CursorResult, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import TIMESTAMP_FORMAT, utc_timestamp
@@ -69,6 +69,12 @@ class SequenceItem(NamedTuple):
 
 def _rowcount(result: object) -> int:
     return cast("CursorResult[Any]", result).rowcount
+
+
+def _held(job_id: str, token: str) -> tuple[ColumnElement[bool], ...]:
+    """The job is active and still claimed under ``token`` (every fenced write's condition)."""
+    return (JobRow.id == job_id, JobRow.claim_token == token,
+            JobRow.status.in_(ACTIVE_JOB_STATUSES))  # fmt: skip
 
 
 def clip_message(message: str) -> str:
@@ -205,11 +211,7 @@ class JobRepository:
         """Push a held job's lease forward; None if the claim was lost, else its cancel flag."""
         stmt = (
             update(JobRow)
-            .where(
-                JobRow.id == job_id,
-                JobRow.claim_token == token,
-                JobRow.status.in_(ACTIVE_JOB_STATUSES),
-            )
+            .where(*_held(job_id, token))
             .values(lease_expires_at=lease_expiry(timeout_s))
             .returning(JobRow.cancel_requested)
             .execution_options(synchronize_session=False)
@@ -221,11 +223,7 @@ class JobRepository:
         """Change an active job this worker holds; False if the claim was lost."""
         stmt = (
             update(JobRow)
-            .where(
-                JobRow.id == job_id,
-                JobRow.claim_token == token,
-                JobRow.status.in_(ACTIVE_JOB_STATUSES),
-            )
+            .where(*_held(job_id, token))
             .values(updated_at=utc_timestamp(), **values)
             .execution_options(synchronize_session=False)
         )
@@ -297,8 +295,7 @@ class JobRepository:
         """A worker that stops mid-job puts it back to ``queued`` for any worker to claim."""
         stmt = (
             update(JobRow)
-            .where(JobRow.id == job_id, JobRow.claim_token == token)
-            .where(JobRow.status.in_(ACTIVE_JOB_STATUSES))
+            .where(*_held(job_id, token))
             .values(
                 status=JobStatus.queued, updated_at=utc_timestamp(), **_NO_LEASE, **_RESET_PHASES
             )

@@ -14,15 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
-from kiln_registry.db.engine import migrations_dir, open_engine, session_factory
+from kiln_registry.db.engine import open_engine, session_factory
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.repository import JobRepository
-from tests.db.test_migration_0005 import JOB_COLUMNS, _job
+from tests.db.test_migration_0005 import JOB_COLUMNS, _alembic, _job
 
 NOW = "2026-12-01T00:00:00.000000Z"
 LEASE = "INSERT INTO device_leases ({}) VALUES ({})"
@@ -33,14 +31,6 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     eng = open_engine(tmp_path / "registry.db")
     yield eng
     eng.dispose()
-
-
-def _alembic(engine: Engine, action: str, revision: str) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(migrations_dir()))
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        getattr(command, action)(config, revision)
 
 
 def _columns(path: Path, table: str) -> list[str]:

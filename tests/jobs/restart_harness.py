@@ -63,13 +63,19 @@ def kiln_serve(config: Path, log: Path, port: int) -> Iterator[subprocess.Popen[
             time.sleep(0.05)
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], wait_s: float = 30.0) -> int:
+    """SIGTERM (SIGKILL if it does not end in ``wait_s``); the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return int(proc.returncode)
 
 
 def job(url: str, job_id: str) -> dict[str, Any]:
@@ -78,6 +84,18 @@ def job(url: str, job_id: str) -> dict[str, Any]:
 
 def register(url: str, body: dict[str, object]) -> None:
     assert httpx.post(f"{url}/v1/teachers", json=body, timeout=30).status_code == 200
+
+
+def submit_scoring(url: str, teacher_port: int, sequences: list[list[int]]) -> str:
+    """Register the teacher on ``teacher_port`` as ``t`` and submit a K=2 job; its id."""
+    teacher = f"http://127.0.0.1:{teacher_port}"
+    register(url, {"alias": "t", "kind": "remote", "provider": "vllm",
+                   "model_id": "teacher-tiny", "url": teacher})  # fmt: skip
+    submitted = httpx.post(f"{url}/v1/jobs", timeout=30, json={
+        "kind": "teacher_scoring", "teacher": "t", "top_k": 2, "sequences": sequences,
+    })  # fmt: skip
+    assert submitted.status_code == 201, submitted.text
+    return str(submitted.json()["id"])
 
 
 def wait_progress(url: str, job_id: str, done: int, timeout_s: float) -> None:

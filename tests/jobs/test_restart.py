@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kiln_registry.jobs.corpus_verify import verify_corpus
@@ -28,13 +27,7 @@ def test_sigkill_mid_job_then_restart_requeues_and_finishes(
     teacher = Controlled(student_identity(student_vocab_sha256), delay_s=0.05)
     with TeacherServer(teacher) as srv:
         with rh.kiln_serve(config, log, port) as first:
-            teacher_url = f"http://127.0.0.1:{srv.port}"
-            rh.register(url, {"alias": "t", "kind": "remote", "provider": "vllm",
-                           "model_id": "teacher-tiny", "url": teacher_url})  # fmt: skip
-            submitted = httpx.post(f"{url}/v1/jobs", timeout=30, json={
-                "kind": "teacher_scoring", "teacher": "t", "top_k": 2, "sequences": SEQUENCES,
-            })  # fmt: skip
-            job_id = submitted.json()["id"]
+            job_id = rh.submit_scoring(url, srv.port, SEQUENCES)
             rh.wait_progress(url, job_id, 5, timeout_s=30)
             rh.kill(first)
         probes_before = teacher.prompts.count([0, 0])

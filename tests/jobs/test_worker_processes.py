@@ -17,15 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config.settings import load_config
-from kiln_registry.db.engine import migrations_dir, open_engine
+from kiln_registry.db.engine import open_engine
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import ConfigError
@@ -34,6 +31,7 @@ from kiln_registry.jobs.models import ScoreCacheRow
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.signing import key_path
 from kiln_registry.testing.tiny_models import TinyModel
+from tests.db.test_migration_0005 import _alembic
 from tests.helpers import free_port
 from tests.jobs import restart_harness as rh
 from tests.jobs import worker_harness as wh
@@ -51,17 +49,6 @@ def _server_keys(backend: str, directory: Path, request: pytest.FixtureRequest) 
     url: str = request.getfixturevalue("pg_database")
     return {"database": url, "database_password_env": server.password_env,
             "state_dir": str(directory)}  # fmt: skip
-
-
-def _submit(url: str, teacher_port: int) -> str:
-    teacher = f"http://127.0.0.1:{teacher_port}"
-    rh.register(url, {"alias": "t", "kind": "remote", "provider": "vllm",
-                      "model_id": "teacher-tiny", "url": teacher})  # fmt: skip
-    submitted = httpx.post(f"{url}/v1/jobs", timeout=30, json={
-        "kind": "teacher_scoring", "teacher": "t", "top_k": 2, "sequences": SEQUENCES,
-    })  # fmt: skip
-    assert submitted.status_code == 201, submitted.text
-    return str(submitted.json()["id"])
 
 
 def _reference_registry(
@@ -110,7 +97,7 @@ def test_a_killed_workers_job_is_taken_over_and_matches_a_single_worker_run(
     url = f"http://127.0.0.1:{port}"
     teacher = Controlled(student_identity(student_vocab_sha256), delay_s=0.05)
     with TeacherServer(teacher) as srv, rh.kiln_serve(config, main / "serve.log", port):
-        job_id = _submit(url, srv.port)
+        job_id = rh.submit_scoring(url, srv.port, SEQUENCES)
         with wh.sessions(config) as db:
             reference = _reference_registry(tmp_path / "ref", tiny_model.path, db, job_id)
             workers = [wh.start_worker(config, main / f"worker-{n}.log") for n in range(2)]
@@ -123,7 +110,7 @@ def test_a_killed_workers_job_is_taken_over_and_matches_a_single_worker_run(
                 assert wh.job_row(db, job_id).lease_owner is None
                 cache = _cache_rows(db)
             finally:
-                statuses = [wh.stop_worker(p) for p in workers]
+                statuses = [rh.stop(p) for p in workers]
         key = key_path(load_config(config).server.state_path)
         expected = _single_worker_result(reference, key, job_id)
     assert job["status"] == "succeeded" and job["attempts"] == 2, job
@@ -157,7 +144,7 @@ def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(
     url, log = f"http://127.0.0.1:{port}", tmp_path / "worker.log"
     teacher = Controlled(student_identity(student_vocab_sha256), delay_s=0.05)
     with TeacherServer(teacher) as srv, rh.kiln_serve(config, tmp_path / "serve.log", port):
-        job_id = _submit(url, srv.port)
+        job_id = rh.submit_scoring(url, srv.port, SEQUENCES)
         with wh.sessions(config) as db, wh.kiln_worker(config, log) as worker:
             rh.wait_progress(url, job_id, 5, timeout_s=JOB_S)
             _steal(db, job_id)
@@ -185,11 +172,7 @@ def test_kiln_worker_refuses_a_database_behind_head(tmp_path: Path, tiny_model: 
     assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
     engine = open_engine(database)
     try:
-        alembic = Config()
-        alembic.set_main_option("script_location", str(migrations_dir()))
-        with engine.begin() as conn:
-            alembic.attributes["connection"] = conn
-            command.upgrade(alembic, "0005_off_policy_generation")
+        _alembic(engine, "upgrade", "0005_off_policy_generation")
     finally:
         engine.dispose()
     behind = _kiln_worker(config)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from kiln_registry.db.models import Base, TeacherRow
 from kiln_registry.db.opening import open_database
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.models import JobRow, JobSequenceRow
+from tests.jobs.restart_harness import stop
 
 HEARTBEAT_S = 0.2
 TIMEOUT_S = 1.0
@@ -64,18 +64,6 @@ def start_worker(config: Path, log: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
-def stop_worker(proc: subprocess.Popen[bytes]) -> int:
-    """SIGTERM and wait; the exit status (a clean stop is 0)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    return int(proc.returncode)
-
-
 @contextmanager
 def kiln_worker(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`kiln worker` as a subprocess, stopped with SIGTERM at the end."""
@@ -83,7 +71,7 @@ def kiln_worker(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield proc
     finally:
-        stop_worker(proc)
+        stop(proc)
 
 
 @contextmanager
