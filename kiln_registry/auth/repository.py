@@ -26,6 +26,7 @@ from kiln_registry.auth.tokens import (
     token_digest,
 )
 from kiln_registry.db.models import TIMESTAMP_FORMAT, utc_timestamp
+from kiln_registry.db.repository import is_unique_violation
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.text import quoted
 
@@ -81,7 +82,9 @@ class TokenRepository:
         try:
             with self._session.begin_nested():
                 self._session.add(row)
-        except IntegrityError:
+        except IntegrityError as exc:
+            if not is_unique_violation(exc):
+                raise
             raise TokenNameExists(
                 f"a token named {name!r} exists", hint="revoke it first, or pick another name"
             ) from None

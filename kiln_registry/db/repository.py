@@ -26,7 +26,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final, cast
 
-from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy import CursorResult, Insert, delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -78,6 +79,13 @@ def is_unique_violation(exc: IntegrityError) -> bool:
     if isinstance(orig, sqlite3.IntegrityError):
         return getattr(orig, "sqlite_errorname", None) in _UNIQUE_ERRORS
     return getattr(orig, "sqlstate", None) == _PG_UNIQUE_VIOLATION
+
+
+def insert_ignoring_duplicates(session: Session, model: type[Any]) -> Insert:
+    """``INSERT ... ON CONFLICT DO NOTHING`` into ``model`` in the session's dialect."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(model).on_conflict_do_nothing()
+    return sqlite.insert(model).on_conflict_do_nothing()
 
 
 def _report_json(report: Mapping[str, Any]) -> str:

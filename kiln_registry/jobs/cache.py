@@ -21,11 +21,11 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import delete, func, select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.engine import BEGIN_OPTION
 from kiln_registry.db.models import utc_timestamp
+from kiln_registry.db.repository import insert_ignoring_duplicates
 from kiln_registry.domain.errors import InputError, JobConflict
 from kiln_registry.jobs.models import ScoreCacheRow
 
@@ -137,7 +137,7 @@ def store(
         for sha, scored in items
     ]
     if values:
-        session.execute(sqlite_insert(ScoreCacheRow).on_conflict_do_nothing(), values)
+        session.execute(insert_ignoring_duplicates(session, ScoreCacheRow), values)
 
 
 def stats(session: Session) -> list[CacheStats]:

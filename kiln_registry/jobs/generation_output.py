@@ -39,10 +39,10 @@ from typing import Any, BinaryIO, Final
 
 import orjson
 from sqlalchemy import select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
+from kiln_registry.db.repository import insert_ignoring_duplicates
 from kiln_registry.domain.errors import JobConflict, KilnError, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
@@ -225,7 +225,7 @@ def cache_store(
         for sha, gen in items
     ]  # fmt: skip
     if values:
-        session.execute(sqlite_insert(GenerationCacheRow).values(values).on_conflict_do_nothing())
+        session.execute(insert_ignoring_duplicates(session, GenerationCacheRow).values(values))
 
 
 # -- the prompts of a job ----------------------------------------------------------

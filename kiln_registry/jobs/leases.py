@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kiln_registry.db.models import utc_timestamp
+from kiln_registry.db.repository import is_unique_violation
 from kiln_registry.domain.vocabulary import ACTIVE_JOB_STATUSES
 from kiln_registry.jobs.models import DeviceLeaseRow, JobRow
 
@@ -61,7 +62,9 @@ class DeviceLeases:
             try:
                 with self._session.begin_nested():
                     self._session.add(row)
-            except IntegrityError:  # the only constraint: (host, device) is taken
+            except IntegrityError as exc:  # the primary key (host, device) is taken
+                if not is_unique_violation(exc):
+                    raise
                 continue
             return device
         return None
