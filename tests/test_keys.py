@@ -49,7 +49,7 @@ def test_the_registry_creates_its_key_at_start_and_serves_the_public_half(
     database = tmp_path / "db" / "registry.db"
     with running_registry(config) as reg:
         path = database.parent / KEY_FILE_NAME
-        assert key_path(database) == path and stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert key_path(database.parent) == path and stat.S_IMODE(path.stat().st_mode) == 0o600
         response = reg.http.get("/v1/keys")
         assert response.status_code == 200
         served = response.json()

@@ -23,6 +23,7 @@ Call these from a worker thread.  Imports: standard library, SQLAlchemy,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -120,7 +121,10 @@ def recover_deletions(config: KilnConfig, sessions: sessionmaker[Session]) -> in
             row = JobRepository(session).get(job_id)
             kept = {p.name for p in _result_files(None if row is None else row.result_path)}
         if original.name in kept:
-            os.replace(grave, original)  # the delete never committed: the job keeps its result
+            # The delete never committed: the job keeps its result.  Another process's
+            # failed delete may have renamed it back already (several workers share a database).
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(grave, original)
         else:
             grave.unlink(missing_ok=True)
     if graves:

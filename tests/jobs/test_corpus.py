@@ -38,7 +38,7 @@ def scored(n: int, seed: int = 0) -> ScoredSequence:
 
 def make_signer(directory: Path) -> CorpusSigner:
     directory.mkdir(exist_ok=True)
-    return load_or_create_signer(key_path(directory / "registry.db"))
+    return load_or_create_signer(key_path(directory))
 
 
 def keyring(signer: CorpusSigner) -> dict[str, PublicKey]:

@@ -28,7 +28,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -
 def _corpus(tmp_path: Path, tokenizer: Any, vocab_sha: str) -> tuple[Path, CorpusSigner]:
     identity = student_identity(vocab_sha)
     ctx = ExampleContext("job-" + "1" * 24, "t", identity, GenerationSettings(3, 2), tokenizer)
-    signer = load_or_create_signer(key_path(tmp_path / "registry.db"))
+    signer = load_or_create_signer(key_path(tmp_path))
     writer = ExampleWriter(tmp_path / "c.jsonl", identity, signer)
     for i in range(3):
         gen = Generated([70 + i, 71, 72], "length", [-0.5, -0.2, -0.1],
@@ -61,7 +61,7 @@ def test_changes_to_a_generation_corpus_or_its_signature_are_refused(
     assert _refused(path, signer) == "corpus.teacher_response"
     path.write_bytes(original)
     (tmp_path / "other").mkdir(mode=0o700)
-    other = load_or_create_signer(key_path(tmp_path / "other" / "registry.db"))
+    other = load_or_create_signer(key_path(tmp_path / "other"))
     assert _refused(path, other) == "corpus.unknown_key"
     sig = path.with_name("c.jsonl.sig")
     sig.unlink()

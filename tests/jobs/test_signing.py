@@ -25,7 +25,7 @@ from kiln_registry.jobs.signing import (
 
 
 def _path(tmp_path: Path) -> Path:
-    return key_path(tmp_path / "registry.db")
+    return key_path(tmp_path)
 
 
 def _private_raw(signer: CorpusSigner, path: Path) -> bytes:

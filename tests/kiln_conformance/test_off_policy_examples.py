@@ -86,7 +86,7 @@ def test_a_generation_corpus_parses_as_kiln_off_policy_examples(
     identity = student_identity(student_vocab(tiny_model.path)[0])
     settings = GenerationSettings(max_tokens=3, top_k=top_k)
     ctx = ExampleContext("job-" + "0" * 24, "ref@chat", identity, settings, tokenizer)
-    signer = load_or_create_signer(key_path(tmp_path / "registry.db"))
+    signer = load_or_create_signer(key_path(tmp_path))
     final = tmp_path / "corpus.jsonl"
     writer = ExampleWriter(final, identity, signer)
     for index, messages in enumerate(MESSAGES):
