@@ -39,6 +39,7 @@ from kiln_registry.auth.scopes import audit_action, required_scope
 from kiln_registry.auth.store import AuthStore
 from kiln_registry.auth.tokens import TokenIdentity
 from kiln_registry.credentials.redaction import redact_text
+from kiln_registry.db.data_version import version_scope
 from kiln_registry.domain.asgi import ASGIApp, Message, Receive, Scope, Send
 
 STATE_KEY: Final = "kiln_token"
@@ -136,6 +137,14 @@ class AuthMiddleware:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
+        if scope["method"] in READ_ONLY:
+            # One database version read serves the token check and the entry cache.
+            with version_scope():
+                await self._serve(scope, receive, send)
+            return
+        await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         identity: TokenIdentity | None = None
         if self._table is not None:
             needed = required_scope(

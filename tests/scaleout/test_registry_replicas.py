@@ -11,6 +11,8 @@ subprocesses and the reference teacher on loopback.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -22,7 +24,7 @@ import pytest
 
 from kiln_registry.reference_teacher.app import create_reference_app
 from kiln_registry.reference_teacher.model import ReferenceTeacher
-from tests.api.support import ServerProcess, remote
+from tests.api.support import REPO, ServerProcess, remote
 from tests.helpers import serve_app
 from tests.pg_server import PostgresServer
 from tests.scaleout.support import pg_config, replicas
@@ -161,3 +163,42 @@ def test_a_replica_restarts_on_the_shared_database(
         later.wait_ready()
         assert httpx.get(later.url + "/v1/teachers/kept", timeout=10).status_code == 200
     assert time.monotonic() - started >= 0
+
+
+def _tokens(config: Path, *args: str) -> str:
+    argv = [
+        sys.executable,
+        "-m",
+        "kiln_registry.cli.main",
+        "tokens",
+        *args,
+        "--config",
+        str(config),
+    ]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.slow
+def test_a_token_revoked_on_the_shared_database_is_refused_by_every_replica(
+    tmp_path: Path, tiny_model: Any, pg_database: str
+) -> None:
+    configs = [
+        pg_config(
+            tmp_path / f"r{i}",
+            url=pg_database,
+            student=tiny_model.path,
+            server={"auth": "required"},
+        )
+        for i in range(2)
+    ]
+    token = _tokens(configs[0], "create", "--name", "reader", "--scope", "read")
+    with replicas(configs, tmp_path / "logs") as pair:
+        headers = {"authorization": f"Bearer {token}"}
+        for process in pair:  # both replicas load the token (and cache it)
+            listed = httpx.get(process.url + "/v1/teachers", headers=headers, timeout=10)
+            assert listed.status_code == 200, listed.text
+        _tokens(configs[1], "revoke", "reader")
+        for process in pair:
+            refused = httpx.get(process.url + "/v1/teachers", headers=headers, timeout=10)
+            assert refused.status_code == 401, refused.text
