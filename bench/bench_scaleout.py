@@ -8,24 +8,38 @@ the same bearer token, driven by ``bench_registry``'s keep-alive client in a
 child process, alternating SQLite/PostgreSQL ``--repeat`` times in the same
 run.  Target: PostgreSQL >= 0.5x SQLite (median of the per-repeat ratios).
 
-``jobs``: the same corpus work with one teacher replica and one ``kiln
-worker`` against two replicas and two workers (see ``scaleout_jobs``).
-Target: >= 1.8x throughput.
+``jobs``: the same corpus work (``--jobs`` scoring jobs over one corpus of
+``--sequences`` sequences, score cache off) run by one teacher replica and
+one ``kiln worker`` against two replicas (one alias, ``urls``) and two
+workers, all on one PostgreSQL database behind a worker-less ``kiln serve``.
+Each teacher replica is the reference teacher in its own process behind a
+stand-in for a GPU: at most ``--capacity`` requests at once, each held for a
+fixed ``--service-ms`` on top of the tiny model's own time, so the figure
+measures the system (claims, leases, spreading) rather than this machine's
+two cores.  Throughput is sequences per second from the first job's
+``created_at`` to the last one's ``finished_at`` (the server's own
+timestamps); the arms alternate ``--rounds`` times, each on a fresh
+database.  Target: >= 1.8x (median of the per-round ratios).
 
 Run: ``.venv/bin/python bench/bench_scaleout.py [lookup|jobs|all] [--repeat R]``.
+The subcommand ``teacher`` is the benchmark's own child process.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -119,20 +133,181 @@ def lookup(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
+class GpuStandIn:
+    """ASGI wrapper: ``capacity`` completions at once, each held ``service_s`` longer."""
+
+    def __init__(self, app: Any, capacity: int, service_s: float) -> None:
+        self.app, self.capacity, self.service_s = app, capacity, service_s
+        self.slots: asyncio.Semaphore | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/completions":
+            await self.app(scope, receive, send)
+            return
+        self.slots = self.slots or asyncio.Semaphore(self.capacity)
+        async with self.slots:
+            await asyncio.sleep(self.service_s)
+            await self.app(scope, receive, send)
+
+
+def run_teacher(args: argparse.Namespace) -> None:
+    """Child process: the reference teacher behind ``GpuStandIn`` on ``--port``."""
+    import torch
+    import uvicorn
+
+    from kiln_registry.reference_teacher.app import create_reference_app
+    from kiln_registry.reference_teacher.identity import load_reference_teacher
+
+    torch.set_num_threads(1)
+    teacher, _ = load_reference_teacher(
+        Path(args.model), served_model_id="teacher-tiny", max_top_k=8, max_model_len=64
+    )
+    app = GpuStandIn(create_reference_app(teacher, api_key_env=None), args.capacity,
+                     args.service_ms / 1000)  # fmt: skip
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+def _write_corpus(path: Path, count: int) -> None:
+    rng = random.Random(17)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for i in range(count):
+            ids = [rng.randrange(512) for _ in range(rng.randint(8, 48))]
+            out.write(json.dumps({"id": f"s{i}", "token_ids": ids}) + "\n")
+
+
+def _jobs_config(root: Path, url: str, pg: PostgresServer, student: Path,
+                 args: argparse.Namespace) -> Path:  # fmt: skip
+    lines = ["[server]", f'database = "{url}"', f'database_password_env = "{pg.password_env}"',
+             f'state_dir = "{root}"', 'log_level = "warning"', "",
+             "[student]", f'model_path = "{student}"', "",
+             "[jobs]", "workers = 1", f"concurrency = {args.job_concurrency}", "cache = false",
+             "embedded_workers = false", f'corpus_root = "{root / "corpora"}"',
+             "lease_heartbeat_s = 1.0", "lease_timeout_s = 5.0", ""]  # fmt: skip
+    config = root / "kiln.toml"
+    config.write_text("\n".join(lines), encoding="utf-8")
+    return config
+
+
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as sink:
+        return subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+
+
+def _one_arm(workdir: Path, pg: PostgresServer, model: Path, teachers: list[str], workers: int,
+             args: argparse.Namespace) -> float:  # fmt: skip
+    """Sequences per second for ``--jobs`` jobs on ``len(teachers)`` replicas, ``workers``."""
+    root = workdir / f"arm-{len(teachers)}x{workers}-{time.monotonic_ns()}"
+    _write_corpus(root / "corpora" / "corpus.jsonl", args.sequences)
+    config = _jobs_config(root, pg.new_database("scaleout"), pg, model, args)
+    port = reg._free_port()
+    kiln = [sys.executable, "-m", "kiln_registry.cli.main"]
+    procs = [_spawn([*kiln, "serve", "--config", str(config), "--port", str(port)],
+                    root / "serve.log")]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        reg._wait_health(url, procs[0])
+        procs += [_spawn([*kiln, "worker", "--config", str(config)], root / f"worker{i}.log")
+                  for i in range(workers)]  # fmt: skip
+        where: dict[str, Any] = {"urls": teachers} if len(teachers) > 1 else {"url": teachers[0]}
+        body = {"alias": "ref", "kind": "remote", "provider": "vllm",
+                "model_id": "teacher-tiny", **where}  # fmt: skip
+        with httpx.Client(base_url=url, timeout=120, trust_env=False) as http:
+            http.post("/v1/teachers", json=body).raise_for_status()
+            job = {"kind": "teacher_scoring", "teacher": "ref", "top_k": 8,
+                   "corpus": {"path": "corpus.jsonl"}}  # fmt: skip
+            ids = [http.post("/v1/jobs", json=job).json()["id"] for _ in range(args.jobs)]
+            done = [_finished(http, job_id) for job_id in ids]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(60)
+    start = min(_stamp(j["timestamps"]["created_at"]) for j in done)
+    end = max(_stamp(j["timestamps"]["finished_at"]) for j in done)
+    return float(args.jobs * args.sequences) / (end - start)
+
+
+def _finished(http: httpx.Client, job_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = http.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            if job["status"] != "succeeded":
+                raise SystemExit(f"job {job_id} ended {job['status']}: {job}")
+            return job
+        time.sleep(0.2)
+    raise SystemExit(f"job {job_id} did not finish")
+
+
+def _stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+def jobs(args: argparse.Namespace) -> dict[str, Any]:
+    from kiln_registry.testing.tiny_models import build_tiny_llama
+
+    with tempfile.TemporaryDirectory(prefix="bench-scaleout-") as tmp, postgres() as pg:
+        workdir = Path(tmp)
+        model = build_tiny_llama(workdir / "model").path
+        ports = [reg._free_port() for _ in range(2)]
+        teachers = [_spawn([sys.executable, __file__, "teacher", "--port", str(p), "--model",
+                            str(model), "--capacity", str(args.capacity), "--service-ms",
+                            str(args.service_ms)], workdir / f"teacher{p}.log")
+                    for p in ports]  # fmt: skip
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        rows: list[tuple[float, float]] = []
+        try:
+            for proc, url in zip(teachers, urls, strict=True):
+                reg._wait_health(url, proc, "/v1/models")
+            for _ in range(args.rounds):
+                one = _one_arm(workdir, pg, model, urls[:1], 1, args)
+                two = _one_arm(workdir, pg, model, urls, 2, args)
+                rows.append((one, two))
+                print(f"1x1 {one:7.1f} seq/s   2x2 {two:7.1f} seq/s   ratio {two / one:.2f}x",
+                      flush=True)  # fmt: skip
+        finally:
+            for proc in teachers:
+                proc.terminate()
+                proc.wait(30)
+    return {
+        "jobs": args.jobs, "sequences": args.sequences, "capacity": args.capacity,
+        "service_ms": args.service_ms, "job_concurrency": args.job_concurrency,
+        "rounds": [{"one_by_one_seq_s": round(a, 2), "two_by_two_seq_s": round(b, 2)}
+                   for a, b in rows],
+        "ratio_median": round(statistics.median(b / a for a, b in rows), 3),
+        "target_ratio": 1.8,
+    }  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", choices=("lookup", "jobs", "all"), default="all")
+    parser.add_argument("part", nargs="?", choices=("lookup", "jobs", "all", "teacher"),
+                        default="all")  # fmt: skip
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--sequences", type=int, default=120)
+    parser.add_argument("--capacity", type=int, default=2)
+    parser.add_argument("--service-ms", type=float, default=100.0)
+    parser.add_argument("--job-concurrency", type=int, default=2)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model", default="")
     return parser
 
 
 def main() -> None:
     args = _parser().parse_args()
+    if args.part == "teacher":
+        run_teacher(args)
+        return
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if args.part in ("lookup", "all"):
         result["lookup"] = lookup(args)
+    if args.part in ("jobs", "all"):
+        result["jobs"] = jobs(args)
     print(json.dumps(result, indent=2))
 
 
