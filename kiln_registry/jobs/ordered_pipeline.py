@@ -105,6 +105,10 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
     def _hit(self, row: RowT, hits: dict[str, ResultT]) -> ResultT | None:
         return hits.get(row.token_sha256)
 
+    async def _settle(self, row: RowT, result: ResultT) -> ResultT:
+        """A requested result about to be written: kept, or replaced (replica fencing)."""
+        return result
+
     def _requested(self, seconds: float) -> None:
         """One row answered by a request (after ``seconds``)."""
 
@@ -197,7 +201,7 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
         row, item = queue[0]
         progress = self.claimed.progress
         if isinstance(item, asyncio.Task):
-            result = await item
+            result = await self._settle(row, await item)
             self.pending.append((row.token_sha256, result))
             progress.scored += 1
         else:

@@ -27,7 +27,13 @@ from typing import Final
 from kiln_registry.credentials.resolve import ResolvedTeacher
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
-from kiln_registry.domain.errors import IdentityMismatch, KilnError, ProbeBusy, TeacherNotFound
+from kiln_registry.domain.errors import (
+    IdentityMismatch,
+    KilnError,
+    ProbeBusy,
+    ProbeFailed,
+    TeacherNotFound,
+)
 from kiln_registry.domain.vocabulary import JobKind, JobStatus
 from kiln_registry.identity.document import same_identity
 from kiln_registry.jobs.generation import GenerationPipeline
@@ -35,6 +41,13 @@ from kiln_registry.jobs.generation_sources import GenerationSettings, student_to
 from kiln_registry.jobs.generation_wire import GenerationTarget
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.pipeline import ScoringPipeline
+from kiln_registry.jobs.replica_scoring import (
+    EXHAUSTED_RULE,
+    ReplicaPool,
+    ReplicaScoringPipeline,
+    mark_replica_fenced,
+    verified_replicas,
+)
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.scoring import ScoringTarget
 from kiln_registry.jobs.service import PinnedTeacher, pin_teacher
@@ -101,8 +114,12 @@ class JobRun:
     async def _phases(self) -> None:
         while True:
             await self._wait_for_device()
-            await asyncio.to_thread(self._check_spec)
-            url, secret = await self._probe()
+            replicas = await asyncio.to_thread(self._check_spec)
+            proved = await self._prove_replicas(replicas) if replicas else None
+            if proved is None:
+                url, secret = await self._probe()
+            else:  # off-policy generation uses the first proved replica only
+                url, secret = proved[0][1].endpoint.completions_url, proved[0][1].secret
             if await asyncio.to_thread(self.claimed.lease, utc_timestamp()) is not None:
                 break
         now = utc_timestamp()
@@ -110,6 +127,11 @@ class JobRun:
             self.claimed.update, status=JobStatus.running.value, scoring_started_at=now
         )
         env = self.claimed.env
+        if proved is not None and self.job.kind != JobKind.off_policy_generation:
+            async with self._pool(proved) as pool:
+                self.pipeline = ReplicaScoringPipeline(self.claimed, pool)
+                await self.pipeline.run()
+            return
         async with TeacherWire(
             url, tls=env.teacher_tls, max_idle=env.config.jobs.concurrency
         ) as wire:
@@ -125,7 +147,8 @@ class JobRun:
 
     # -- phase (a) -------------------------------------------------------------
 
-    def _check_spec(self) -> None:
+    def _check_spec(self) -> list[tuple[int, str]]:
+        """Phase (a); the registry's verified replicas of a replica-set alias, else []."""
         job = self.job
         with unit_of_work(self.claimed.env.sessions) as session:
             row = TeacherRepository(session).get(job.teacher_alias)
@@ -148,6 +171,7 @@ class JobRun:
                 job.id, self.claimed.token, spec_checked_at=utc_timestamp()
             ):
                 raise ClaimLost(job.id)
+            return verified_replicas(row)
 
     def _pinned_spec(self, pin: PinnedTeacher) -> bool:
         """Whether the registry's row still is the spec the job pinned (its identity too)."""
@@ -180,6 +204,12 @@ class JobRun:
         resolved = resolve_endpoint(
             env.config, job.teacher_url, job.teacher_credential_id, guard_hosts=False
         )
+        await self._prove(resolved)
+        await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
+        return resolved.endpoint.completions_url, resolved.secret
+
+    async def _prove(self, resolved: ResolvedTeacher) -> None:
+        """Both probes of one endpoint, pinned; waits while the job limiter is full."""
         setup = self._probe_setup()
         while True:
             self.claimed.check_cancel()
@@ -189,9 +219,47 @@ class JobRun:
                 await asyncio.sleep(PROBE_BUSY_WAIT_S)
                 continue
             await asyncio.to_thread(self._receipt, outcome.receipt)
-            break
+            return
+
+    async def _prove_replicas(
+        self, replicas: list[tuple[int, str]]
+    ) -> list[tuple[int, ResolvedTeacher]]:
+        """Phase (b) of a replica set: prove each replica; fence those that fail."""
+        job, env = self.job, self.claimed.env
+        proved: list[tuple[int, ResolvedTeacher]] = []
+        reasons: list[str] = []
+        for idx, url in replicas:
+            try:
+                resolved = resolve_endpoint(
+                    env.config, url, job.teacher_credential_id, guard_hosts=False
+                )
+                await self._prove(resolved)
+            except KilnError as exc:
+                reasons.append(f"replica {idx}: {exc}")
+                await asyncio.to_thread(self._fenced, idx, str(exc))
+                continue
+            proved.append((idx, resolved))
+        if not proved:
+            raise ProbeFailed(
+                f"no replica of alias {job.teacher_alias!r} proved the pinned identity:"
+                f" {'; '.join(reasons)}",
+                rule=EXHAUSTED_RULE,
+            )
         await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
-        return resolved.endpoint.completions_url, resolved.secret
+        return proved
+
+    def _pool(self, proved: list[tuple[int, ResolvedTeacher]]) -> ReplicaPool:
+        job, env = self.job, self.claimed.env
+        return ReplicaPool(
+            proved, alias=job.teacher_alias, identity=self.claimed.identity,
+            model_id=job.teacher_model_id, k=job.top_k, tls=env.teacher_tls,
+            max_idle=env.config.jobs.concurrency, on_fence=self._fenced,
+        )  # fmt: skip
+
+    def _fenced(self, idx: int, reason: str) -> None:
+        """Record on the alias's replica that this job fenced it (a re-probe restores it)."""
+        with unit_of_work(self.claimed.env.sessions) as session:
+            mark_replica_fenced(session, self.job.teacher_alias, idx, self.job.id, reason)
 
     async def _probe_once(self, setup: ProbeSetup, resolved: ResolvedTeacher) -> ProbeOutcome:
         identity = self.claimed.identity

@@ -1,0 +1,190 @@
+"""Scoring jobs over teacher replica sets (issue 17, item 4), all real parts.
+
+Real reference teachers on loopback (the session's tiny model), each behind a
+``Switching`` ASGI wrapper that counts completion requests and, once armed,
+serves a second real reference teacher after the N-th one: the same weights
+with another ``max_model_len``, so every later answer carries a different
+(valid) identity fingerprint: a replica that flips its identity mid-job.
+Nothing is stubbed.  A job over three replicas writes the same corpus as the
+same job against one teacher (byte for byte, once the job id and alias are
+set aside); a replica that flips mid-job or is down is fenced and the job
+completes on the others; when every replica fails the job fails closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln_registry.reference_teacher.app import create_reference_app
+from kiln_registry.reference_teacher.identity import load_reference_teacher
+from kiln_registry.reference_teacher.model import ReferenceTeacher
+from kiln_registry.testing.tiny_models import TinyModel
+from tests.helpers import serve_app
+from tests.jobs.harness import Registry, make_config, running_registry
+
+SERVED = "tiny-ref"
+SEQS = [[3 + i, 40 + i, 90 + 2 * i, 7 + (i % 5)][: 2 + i % 3] for i in range(12)]
+NEVER = 1 << 30
+JOB_TIMEOUT_S = 180.0
+
+
+class Switching:
+    """ASGI: ``first`` answers completion requests up to ``after``, ``second`` after that."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.first, self.second = first, second
+        self.after = NEVER
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def arm(self, more: int) -> None:
+        """Switch after ``more`` further completion requests."""
+        with self._lock:
+            self.after = self.count + more
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = self.first
+        if scope["type"] == "http" and scope["path"].endswith("/completions"):
+            with self._lock:
+                self.count += 1
+                if self.count > self.after:
+                    app = self.second
+        await app(scope, receive, send)
+
+
+@dataclass
+class Teachers:
+    same: ReferenceTeacher
+    other: ReferenceTeacher  # the same weights, another identity (max_model_len)
+
+
+@pytest.fixture(scope="module")
+def teachers(tiny_model: TinyModel) -> Teachers:
+    same, _ = load_reference_teacher(
+        tiny_model.path, served_model_id=SERVED, max_top_k=8, max_model_len=64
+    )
+    other, _ = load_reference_teacher(
+        tiny_model.path, served_model_id=SERVED, max_top_k=8, max_model_len=128
+    )
+    return Teachers(same, other)
+
+
+@dataclass
+class World:
+    reg: Registry
+    teachers: Teachers
+    stack: contextlib.ExitStack
+
+    def replica(self) -> tuple[str, Switching]:
+        app = Switching(
+            create_reference_app(self.teachers.same, api_key_env=None),
+            create_reference_app(self.teachers.other, api_key_env=None),
+        )
+        return self.stack.enter_context(serve_app(app)), app
+
+    def register(self, alias: str, urls: list[str]) -> dict[str, Any]:
+        body: dict[str, Any] = {"alias": alias, "kind": "remote", "provider": "vllm",
+                                "model_id": SERVED}  # fmt: skip
+        body.update({"url": urls[0]} if len(urls) == 1 else {"urls": urls})
+        response = self.reg.http.post("/v1/teachers", json=body)
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def run(self, alias: str) -> dict[str, Any]:
+        submitted = self.reg.submit(alias, 4, sequences=SEQS)
+        assert submitted.status_code == 201, submitted.text
+        return self.reg.wait(submitted.json()["id"], timeout=JOB_TIMEOUT_S)
+
+    def corpus(self, job: dict[str, Any], alias: str) -> bytes:
+        """The corpus without its trailer, the job id and alias replaced by placeholders."""
+        assert job["status"] == "succeeded", job
+        body = self.reg.http.get(f"/v1/jobs/{job['id']}/result").content
+        lines = body.splitlines(keepends=True)[:-1]  # the signature trailer signs the job id
+        row = f'"job_id":"{job["id"]}","teacher":"{alias}"'.encode()
+        assert all(row in line for line in lines[1:])
+        return b"".join(line.replace(row, b'"job_id":"J","teacher":"T"') for line in lines)
+
+
+@pytest.fixture
+def world(tmp_path: Path, tiny_model: TinyModel, teachers: Teachers) -> Iterator[World]:
+    # No score cache: the second job must really score again.
+    config = make_config(tmp_path, tiny_model.path, concurrency=2, cache=False)
+    with contextlib.ExitStack() as stack, running_registry(config) as reg:
+        yield World(reg, teachers, stack)
+
+
+def _replicas(world: World, alias: str) -> list[dict[str, Any]]:
+    entry = world.reg.http.get(f"/v1/teachers/{alias}").json()
+    return list(entry["replicas"])
+
+
+def test_a_job_over_three_replicas_matches_the_job_on_one_teacher(world: World) -> None:
+    urls, apps = zip(*(world.replica() for _ in range(3)), strict=True)
+    single_url, _ = world.replica()
+    world.register("one", [single_url])
+    world.register("set", list(urls))
+    expected = world.corpus(world.run("one"), "one")
+    before = [app.count for app in apps]
+    job = world.run("set")
+    assert world.corpus(job, "set") == expected
+    # Spread: every replica answered scoring requests beyond its 3 job probes.
+    assert all(app.count - seen > 3 for app, seen in zip(apps, before, strict=True))
+    assert {r["status"] for r in _replicas(world, "set")} == {"verified"}
+
+
+def test_a_replica_that_flips_its_identity_mid_job_is_fenced(world: World) -> None:
+    (good_a, _), (good_b, _), (flip_url, flipper) = (world.replica() for _ in range(3))
+    single_url, _ = world.replica()
+    world.register("one", [single_url])
+    world.register("set", [good_a, good_b, flip_url])
+    expected = world.corpus(world.run("one"), "one")
+    flipper.arm(3 + 2)  # the job's three probes, two scoring answers, then another identity
+    job = world.run("set")
+    assert world.corpus(job, "set") == expected  # nothing from after the flip was kept
+    assert flipper.count > flipper.after  # it did flip mid-job
+    fenced = _replicas(world, "set")[2]
+    assert fenced["status"] == "unavailable"
+    assert f"fenced by job {job['id']}" in fenced["status_message"]
+    assert "fingerprint" in fenced["status_message"]
+    assert [r["status"] for r in _replicas(world, "set")[:2]] == ["verified", "verified"]
+
+
+def test_a_replica_down_at_the_start_is_fenced_and_the_job_completes(
+    world: World, teachers: Teachers
+) -> None:
+    good, _ = world.replica()
+    single_url, _ = world.replica()
+    with serve_app(create_reference_app(teachers.same, api_key_env=None)) as brief:
+        world.register("set", [brief, good])
+    world.register("one", [single_url])
+    expected = world.corpus(world.run("one"), "one")
+    job = world.run("set")
+    assert world.corpus(job, "set") == expected
+    down, up = _replicas(world, "set")
+    assert down["status"] == "unavailable" and up["status"] == "verified"
+    assert f"fenced by job {job['id']}" in down["status_message"]
+
+
+def test_every_replica_failing_fails_the_job_closed(world: World) -> None:
+    (url_a, flip_a), (url_b, flip_b) = (world.replica() for _ in range(2))
+    world.register("set", [url_a, url_b])
+    flip_a.arm(3 + 1)
+    flip_b.arm(3 + 1)
+    job = world.run("set")
+    assert job["status"] == "failed", job
+    error = job["error"]
+    assert error["rule"] == "job.replicas_exhausted"
+    assert "replica 0" in error["message"] and "replica 1" in error["message"]
+    result = world.reg.http.get(f"/v1/jobs/{job['id']}/result")
+    assert result.status_code != 200
+    assert {r["status"] for r in _replicas(world, "set")} == {"unavailable"}
+    # A new job is refused before any request: no replica is verified any more.
+    again = world.run("set")
+    assert again["status"] == "failed" and again["error"]["rule"] == "job.replicas_exhausted"
