@@ -77,6 +77,24 @@ def pg_database(postgres_server: PostgresServer, request: pytest.FixtureRequest)
     postgres_server.drop_database(url)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _backend_server(request: pytest.FixtureRequest) -> None:
+    """Under KILN_TEST_BACKEND=postgres the server starts before every other fixture
+    (module-scoped ones write configs too: tests/pg_server.database_settings)."""
+    if selected_backend() == "postgres":
+        request.getfixturevalue("postgres_server")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under KILN_TEST_BACKEND=postgres, tests marked ``sqlite_only`` are deselected."""
+    if selected_backend() != "postgres":
+        return
+    dropped = [item for item in items if item.get_closest_marker("sqlite_only") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.get_closest_marker("sqlite_only") is None]
+
+
 @pytest.fixture(autouse=True)
 def _test_backend(
     request: pytest.FixtureRequest, _isolated_environment: None, monkeypatch: pytest.MonkeyPatch

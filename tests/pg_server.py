@@ -136,6 +136,7 @@ class PostgresServer:
     _counter: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scopes: list[tuple[str, dict[Path, str]]] = field(default_factory=list)
+    _unscoped: dict[Path, str] = field(default_factory=dict)
 
     @classmethod
     def start(cls) -> PostgresServer:
@@ -289,9 +290,12 @@ class PostgresServer:
 
     def database_for(self, sqlite_path: Path) -> str:
         """The database standing in for ``sqlite_path`` in the current test (created once)."""
-        if not self._scopes:
-            return self.new_database(sqlite_path.stem)  # outside a test: lives until stop()
-        hint, scope = self._scopes[-1]
+        # Outside a test (a module-scoped fixture): one per path, living until stop(), and
+        # the same one when a test later names that path.
+        if sqlite_path in self._unscoped or not self._scopes:
+            hint, scope = sqlite_path.stem, self._unscoped
+        else:
+            hint, scope = self._scopes[-1]
         if sqlite_path not in scope:
             scope[sqlite_path] = self.new_database(hint)
         return scope[sqlite_path]
@@ -337,6 +341,8 @@ def database_settings(directory: Path, filename: str = "registry.db") -> dict[st
             f"{BACKEND_ENV}=postgres but no PostgreSQL server is running: database_settings "
             "needs the autouse backend fixture of tests/conftest.py (call it from a test)"
         )
+    # kiln creates a new SQLite file's folder, never state_dir: an operator makes it.
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return {"database": server.database_for(sqlite_path),
             "database_password_env": server.password_env,
             "state_dir": str(directory)}  # fmt: skip

@@ -1,7 +1,8 @@
 """``kiln serve --config`` as a real subprocess: restart, SIGKILL mid-registration, secrets.
 
 Each test starts the server with ``python -m kiln_registry.cli.main serve``
-on a free loopback port and a database under ``tmp_path``; teachers are the
+on a free loopback port and a database under ``tmp_path`` (or PostgreSQL:
+tests/backend.py); teachers are the
 session's in-process reference teachers (plain and TLS) or the stalling
 ``TeacherServer``.
 """
@@ -9,7 +10,6 @@ session's in-process reference teachers (plain and TLS) or the stalling
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -24,18 +24,11 @@ from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.conftest import KEY_ENV, SECRET, TlsFiles, TlsTeacher
 from tests.api.support import CLEAN_EXIT, ServerProcess, remote, serve_tls, write_config
 from tests.api.test_credentials import _echo_app
+from tests.backend import integrity, registry_database, rows_text
 from tests.observability.support import metric_samples
 from tests.probe.teacher_server import Reply, Request, TeacherServer
 
 pytestmark = pytest.mark.slow
-
-
-def _integrity(database: Path) -> str:
-    conn = sqlite3.connect(database)
-    try:
-        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
-    finally:
-        conn.close()
 
 
 def test_register_survives_a_restart(
@@ -55,7 +48,7 @@ def test_register_survives_a_restart(
             metrics = http.get("/metrics").text
         server.stop()
     assert metric_samples(metrics)[("kiln_teachers", (("status", "verified"),))] == 1
-    assert _integrity(tmp_path / "registry.db") == "ok"
+    assert integrity(tmp_path / "registry.db") == "ok"
 
 
 def test_sigkill_during_registration_leaves_no_alias(tmp_path: Path, tiny_model: TinyModel) -> None:
@@ -85,7 +78,7 @@ def test_sigkill_during_registration_leaves_no_alias(tmp_path: Path, tiny_model:
         server.kill()
         thread.join(30)
     assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError), outcome
-    assert _integrity(tmp_path / "registry.db") == "ok"
+    assert integrity(tmp_path / "registry.db") == "ok"
     with ServerProcess(config, tmp_path / "b.log") as server:
         server.wait_ready()
         with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as http:
@@ -93,7 +86,7 @@ def test_sigkill_during_registration_leaves_no_alias(tmp_path: Path, tiny_model:
             assert http.get("/v1/teachers").json() == {"teachers": []}
             assert http.get("/v1/teachers/half/receipts").json() == {"receipts": []}
         server.stop()
-    assert _integrity(tmp_path / "registry.db") == "ok"
+    assert integrity(tmp_path / "registry.db") == "ok"
 
 
 def test_database_upgrade_at_startup_and_newer_revision_refused(
@@ -101,27 +94,22 @@ def test_database_upgrade_at_startup_and_newer_revision_refused(
 ) -> None:
     config = write_config(tmp_path, student=tiny_model.path)
     database = tmp_path / "registry.db"
-    sqlite3.connect(database).close()  # an empty file: upgraded to head at start-up
+    with registry_database(database) as engine, engine.connect():
+        pass  # an empty database (SQLite: a new file): upgraded to head at start-up
     with ServerProcess(config, tmp_path / "a.log") as server:
         server.wait_ready()
         ready = httpx.get(server.url + "/ready", trust_env=False, timeout=10).json()
         server.stop()
     assert ready["database_revision"] == head_revision()
-    conn = sqlite3.connect(database)
-    with conn:
-        conn.execute("UPDATE alembic_version SET version_num = '9999_from_the_future'")
-    conn.close()
+    with registry_database(database) as engine, engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999_from_the_future'")
     with ServerProcess(config, tmp_path / "b.log") as server:
         assert server.wait_exit() == 2
         output = server.output()
     assert "db.newer_revision" in output and "9999_from_the_future" in output
-    conn = sqlite3.connect(database)
-    try:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [
-            ("9999_from_the_future",)
-        ]
-    finally:
-        conn.close()
+    with registry_database(database) as engine, engine.connect() as conn:
+        found = conn.exec_driver_sql("SELECT version_num FROM alembic_version").fetchall()
+    assert [tuple(row) for row in found] == [("9999_from_the_future",)]
 
 
 @pytest.mark.secret_env(KEY_ENV)
@@ -179,8 +167,9 @@ def test_planted_secret_never_leaks(
         "200",
     ]
     assert "DEBUG" in log and "/v1/teachers" in log
-    stored = b"".join(p.read_bytes() for p in tmp_path.glob("registry.db*"))
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("registry.db*"))  # SQLite's files
     assert SECRET.encode() not in stored
+    assert SECRET not in rows_text(tmp_path / "registry.db")
     assert SECRET not in log
     for text in seen:
         assert SECRET not in text

@@ -8,13 +8,13 @@ the reference teacher on the session's tiny models or the controllable
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kiln_registry.db.opening import open_database
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.reference_teacher.app import create_reference_app
@@ -247,21 +247,23 @@ def test_network_bound_server_refuses_credential_free_teachers(
 
 
 def test_reads_do_not_wait_for_a_writer(registry: RegistryServer) -> None:
-    """GETs BEGIN DEFERRED: a held write lock (BEGIN IMMEDIATE) does not block them."""
+    """GETs BEGIN DEFERRED: a held write lock (SQLite's BEGIN IMMEDIATE, PostgreSQL's
+    advisory write lock: the product's own write transaction) does not block them."""
     with registry.client(timeout=4) as http:
         body = {"alias": "f1", "kind": "fixture", "model_id": "m"}
         assert http.post("/v1/teachers", json=body).status_code == 200
-        writer = sqlite3.connect(registry.ctx.config.server.database, isolation_level=None)
+        engine = open_database(registry.ctx.config.server)
         try:
-            writer.execute("BEGIN IMMEDIATE")
-            started = time.monotonic()
-            for path in ("/v1/teachers/f1", "/v1/teachers", "/v1/teachers/f1/receipts", "/ready"):
-                assert http.get(path).status_code == 200, path
-            # 5 s is SQLite's busy timeout: an IMMEDIATE reader would have waited for it.
-            assert time.monotonic() - started < 4
+            with engine.connect() as writer, writer.begin():  # the write lock, held
+                started = time.monotonic()
+                for path in ("/v1/teachers/f1", "/v1/teachers", "/v1/teachers/f1/receipts",
+                             "/ready"):  # fmt: skip
+                    assert http.get(path).status_code == 200, path
+                # 5 s is SQLite's busy timeout: an IMMEDIATE reader would have waited for it
+                # (PostgreSQL: a reader taking the write lock would wait until the timeout).
+                assert time.monotonic() - started < 4
         finally:
-            writer.execute("ROLLBACK")
-            writer.close()
+            engine.dispose()
 
 
 def test_oversized_request_bodies_are_refused_before_reading(registry: RegistryServer) -> None:
@@ -310,19 +312,21 @@ def test_malformed_json_is_a_registration_error(registry: RegistryServer) -> Non
 def test_lookups_see_commits_from_other_connections(
     registry: RegistryServer, teacher_url: str
 ) -> None:
-    """The entry cache follows the file: a status written by another connection shows at once."""
+    """The entry cache follows the database: a status written by another connection (of
+    another engine, as another process or replica would) shows at once."""
     with registry.client() as http:
         assert http.post("/v1/teachers", json=remote("watched", teacher_url)).status_code == 200
         assert http.get("/v1/teachers/watched").json()["usable"] is True  # now cached
         assert http.get("/v1/teachers/watched").json()["usable"] is True
-        other = sqlite3.connect(registry.ctx.config.server.database, isolation_level=None)
+        other = open_database(registry.ctx.config.server)
         try:
-            other.execute(
-                "UPDATE teachers SET status = 'unavailable', status_message = 'teacher is down'"
-                " WHERE alias = 'watched'"
-            )
+            with other.begin() as conn:
+                conn.exec_driver_sql(
+                    "UPDATE teachers SET status = 'unavailable', "
+                    "status_message = 'teacher is down' WHERE alias = 'watched'"
+                )
         finally:
-            other.close()
+            other.dispose()
         entry = http.get("/v1/teachers/watched").json()
     assert entry["status"] == "unavailable" and entry["usable"] is False
     assert entry["capabilities"] is None and entry["status_message"] == "teacher is down"

@@ -1,8 +1,9 @@
 """Helpers for the access-control tests: tokens written straight to a registry database.
 
-``make_tokens`` opens the configured database (upgrading it, as ``kiln
-tokens create`` does) and creates one token per scope plus an ``all`` token
-holding every non-admin scope; ``bearer`` is the header dict for a token.
+``create_token`` opens the registry whose SQLite file would be ``database``
+(on the active test backend: tests/backend.py), upgrading it as ``kiln
+tokens create`` does; ``make_tokens`` creates one token per scope plus an
+``all`` token holding every non-admin scope; ``bearer`` is the header dict for a token.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from pathlib import Path
 
 from kiln_registry.auth.repository import TokenRepository
 from kiln_registry.auth.tokens import SCOPES
-from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.repository import unit_of_work
+from tests.backend import open_registry_database
 
 
 def create_token(database: Path, name: str, scopes: set[str], days: int | None = None) -> str:
-    engine = open_engine(database)
+    engine = open_registry_database(database)
     try:
         upgrade_to_head(engine)
         with unit_of_work(session_factory(engine)) as session:

@@ -10,13 +10,15 @@ import pytest
 from kiln_registry.cli.main import run
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.harness import Controlled, make_config, running_registry, student_identity
+from tests.pg_server import database_settings
 from tests.probe.teacher_server import TeacherServer
 
 
 def _toml(tmp_path: Path, student: Path) -> Path:
     path = tmp_path / "kiln.toml"
+    server = "".join(f'{k} = "{v}"\n' for k, v in database_settings(tmp_path / "db").items())
     path.write_text(
-        f'[server]\ndatabase = "{tmp_path / "db" / "registry.db"}"\n'
+        f"[server]\n{server}"  # make_config's database, on either backend
         f'[student]\nmodel_path = "{student}"\n'
         f'[jobs]\ncorpus_root = "{tmp_path / "corpora"}"\nresult_root = "{tmp_path / "results"}"\n',
         encoding="utf-8",

@@ -19,8 +19,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config.settings import load_config
-from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.models import utc_timestamp
+from kiln_registry.db.opening import open_database
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import ConfigError
 from kiln_registry.jobs.models import JobRow
@@ -28,6 +29,7 @@ from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.retention import SWEEP_BATCH, sweep_expired
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import write_config
+from tests.backend import open_registry_database
 from tests.jobs.harness import make_config, running_registry
 
 
@@ -53,7 +55,7 @@ def _job(job_id: str, status: str, finished_days_ago: float | None, result: Path
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
     (tmp_path / "db").mkdir()
-    eng = open_engine(tmp_path / "db" / "registry.db")
+    eng = open_registry_database(tmp_path / "db" / "registry.db")  # make_config's database
     upgrade_to_head(eng)
     yield eng
     eng.dispose()
@@ -119,8 +121,7 @@ def test_a_sweep_goes_through_more_than_one_batch(
 
 def test_the_workers_sweep_at_start(tmp_path: Path, tiny_model: TinyModel) -> None:
     config = make_config(tmp_path, tiny_model.path, retain_days=1)
-    config.server.database.parent.mkdir()
-    engine = open_engine(config.server.database)
+    engine = open_database(config.server)
     try:
         upgrade_to_head(engine)
         old, young = (

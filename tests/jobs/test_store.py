@@ -11,20 +11,21 @@ import pytest
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import InputError, JobConflict
 from kiln_registry.jobs import cache
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.leases import DeviceLeases
-from kiln_registry.jobs.models import JobRow
+from kiln_registry.jobs.models import JobRow, ScoreCacheRow
 from kiln_registry.jobs.repository import JobRepository
+from tests.backend import open_registry_database
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = open_engine(tmp_path / "registry.db")
+    eng = open_registry_database(tmp_path / "registry.db")  # either backend
     upgrade_to_head(eng)
     yield eng
     eng.dispose()
@@ -158,7 +159,7 @@ def test_a_corrupt_cache_row_is_refused_not_used(
     with unit_of_work(sessions) as session:
         cache.store(session, "a" * 64, 2, [("s1", _scores(3, 2))])
     with engine.begin() as conn:
-        conn.exec_driver_sql("UPDATE score_cache SET topk_ids = x'00'")
+        conn.execute(update(ScoreCacheRow).values(topk_ids=b"\x00"))  # one byte: not <i4
     with unit_of_work(sessions) as session, pytest.raises(JobConflict) as caught:
         cache.lookup(session, "a" * 64, 2, ["s1"])
     assert caught.value.rule == "cache.corrupt"
