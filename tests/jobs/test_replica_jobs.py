@@ -13,8 +13,11 @@ completes on the others; when every replica fails the job fails closed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +60,41 @@ class Switching:
                 if self.count > self.after:
                     app = self.second
         await app(scope, receive, send)
+
+
+class Holding:
+    """ASGI: records every completion prompt; holds the one equal to ``hold`` until released."""
+
+    def __init__(self, app: Any, hold: list[int]) -> None:
+        self.app, self.hold = app, hold
+        self.prompts: list[list[int]] = []
+        self.release = threading.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/completions"):
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        prompt = json.loads(body)["prompt"]
+        self.prompts.append(prompt)
+        if prompt == self.hold:
+            self.hold = []
+            assert await asyncio.to_thread(self.release.wait, 120), "never released"
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return dict(await receive())
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
 @dataclass
@@ -188,3 +226,33 @@ def test_every_replica_failing_fails_the_job_closed(world: World) -> None:
     # A new job is refused before any request: no replica is verified any more.
     again = world.run("set")
     assert again["status"] == "failed" and again["error"]["rule"] == "job.replicas_exhausted"
+
+
+def _prompt(seq: list[int]) -> list[int]:
+    return [*seq, seq[-1]]  # the causal final-row probe (jobs.scoring.probe_prompt)
+
+
+def test_a_result_of_a_fenced_replica_not_yet_written_is_requested_again(
+    world: World, teachers: Teachers
+) -> None:
+    """Row 0 is held at replica 1 while replica 0 answers row 1 (kept back: rows are
+    written in order) and then flips; once replica 0 is fenced, row 1 is redone."""
+    flip_url, flipper = world.replica()
+    held = Holding(create_reference_app(teachers.same, api_key_env=None), _prompt(SEQS[0]))
+    held_url = world.stack.enter_context(serve_app(held))
+    single_url, _ = world.replica()
+    world.register("one", [single_url])
+    world.register("set", [flip_url, held_url])
+    expected = world.corpus(world.run("one"), "one")
+    flipper.arm(3 + 1)  # its probes, one good answer (row 1), then another identity
+    submitted = world.reg.submit("set", 4, sequences=SEQS)
+    assert submitted.status_code == 201, submitted.text
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while _replicas(world, "set")[0]["status"] != "unavailable":
+        assert time.monotonic() < deadline, "replica 0 was never fenced"
+        time.sleep(0.05)
+    assert _prompt(SEQS[1]) not in held.prompts  # row 1's kept-back answer is replica 0's
+    held.release.set()
+    job = world.reg.wait(submitted.json()["id"], timeout=JOB_TIMEOUT_S)
+    assert world.corpus(job, "set") == expected
+    assert _prompt(SEQS[1]) in held.prompts  # redone on the standing replica
