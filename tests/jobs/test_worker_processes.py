@@ -135,12 +135,14 @@ def _steal(db: sessionmaker[Session], job_id: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(
-    tmp_path: Path, tiny_model: TinyModel, student_vocab_sha256: str
-) -> None:
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, tiny_model: TinyModel,
+    student_vocab_sha256: str,
+) -> None:  # fmt: skip
     port = free_port()
-    config = wh.worker_config(tmp_path, port, tiny_model.path,
-                              {"database": str(tmp_path / "registry.db")})  # fmt: skip
+    keys = _server_keys(backend, tmp_path, request)
+    config = wh.worker_config(tmp_path, port, tiny_model.path, keys)
     url, log = f"http://127.0.0.1:{port}", tmp_path / "worker.log"
     teacher = Controlled(student_identity(student_vocab_sha256), delay_s=0.05)
     with TeacherServer(teacher) as srv, rh.kiln_serve(config, tmp_path / "serve.log", port):
