@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +100,10 @@ class FakePrepared:
         group = ProcessGroup(self.argv, dict(self.spec.environ))
         self.log.append(f"spawn:{group.pid}")
         return FakeRunning(self, group, port)
+
+    def spawn_replica(self, index: int, port: int, environ: Mapping[str, str]) -> FakeRunning:
+        """Replica sets: tests/test_local_replicas.py (``ReplicaPrepare``)."""
+        raise AssertionError("a single-process profile never spawns replicas")
 
     def close(self) -> None:
         self.log.append("close")

@@ -49,6 +49,11 @@ from kiln_registry.config.access import check_tls_keys
 from kiln_registry.config.errors import validation_error
 from kiln_registry.config.guard import JobsGuardKeys, ServerGuardKeys
 from kiln_registry.config.kiln import KilnSections, KilnServerKeys, kiln_defaults
+from kiln_registry.config.local_replicas import (
+    CUDA_DEVICE_RE,
+    MAX_LOCAL_REPLICAS,
+    check_replica_placement,
+)
 from kiln_registry.credentials.origin import canonical_origin
 from kiln_registry.credentials.secrets import (
     ENV_NAME_PATTERN,
@@ -137,6 +142,12 @@ def _check_host(value: str) -> str:
 def _check_device(value: str) -> str:
     if not _DEVICE_RE.fullmatch(value):
         raise ValueError("a device is 'cpu' or 'cuda:<index>'")
+    return value
+
+
+def _check_cuda_device(value: str) -> str:
+    if not CUDA_DEVICE_RE.fullmatch(value):
+        raise ValueError("a replica's device is 'cuda:<index>' (its process sees only that GPU)")
     return value
 
 
@@ -249,10 +260,17 @@ class LocalTeacherConfig(BaseModel):
     max_top_k: Annotated[StrictInt, Field(ge=1, le=65536)]
     max_model_len: Annotated[StrictInt, Field(ge=1, le=16_777_216)]
     max_prompt_logprob_candidates: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
-    port: Port
+    port: Port | None = None
     max_provenance_read_mib_per_second: Annotated[StrictInt, Field(ge=1, le=16384)] | None = None
     vllm_args: Annotated[tuple[str, ...], Field(max_length=MAX_ENTRIES)] = ()
     ready_deadline_s: Annotated[StrictFloat, Field(gt=0, le=86400)] = 300.0
+    # Issue 17: N vLLM processes of one prepared snapshot, one per port (and device).
+    replicas: Annotated[StrictInt, Field(ge=1, le=MAX_LOCAL_REPLICAS)] = 1
+    ports: Annotated[tuple[Port, ...], Field(min_length=1, max_length=MAX_LOCAL_REPLICAS)] = ()
+    devices: Annotated[
+        tuple[Annotated[str, AfterValidator(_check_cuda_device)], ...],
+        Field(max_length=MAX_LOCAL_REPLICAS),
+    ] = ()
 
     @model_validator(mode="after")
     def _candidate_ceiling(self) -> LocalTeacherConfig:
@@ -261,7 +279,17 @@ class LocalTeacherConfig(BaseModel):
             raise ValueError(
                 "max_prompt_logprob_candidates exceeds max_model_len * (max_top_k + 1)"
             )
+        check_replica_placement(self.replicas, self.port, self.ports, self.devices)
         return self
+
+    def replica_ports(self) -> tuple[int, ...]:
+        """One loopback port per replica (``port`` alone, else ``ports``)."""
+        return self.ports or ((self.port,) if self.port is not None else ())
+
+    @property
+    def first_port(self) -> int:
+        """Replica 0's port (the alias's ``url``)."""
+        return self.replica_ports()[0]
 
 
 class TeachersConfig(BaseModel):
@@ -343,9 +371,10 @@ class KilnConfig(KilnSections):
     def _distinct_ports(self) -> KilnConfig:
         seen = {self.server.port: "server.port"}
         for name, profile in sorted(self.teachers.local.items()):
-            other = seen.setdefault(profile.port, f"teachers.local.{name}.port")
-            if other != f"teachers.local.{name}.port":
-                raise ValueError(f"teachers.local.{name}.port repeats the port of {other}")
+            for port in profile.replica_ports():  # every replica's port is its own
+                other = seen.setdefault(port, f"teachers.local.{name}.port")
+                if other != f"teachers.local.{name}.port":
+                    raise ValueError(f"teachers.local.{name}.port repeats the port of {other}")
         return self
 
     def secret_env_names(self) -> frozenset[str]:

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from kiln_registry.config.local_replicas import device_index
 from kiln_registry.config.settings import LocalTeacherConfig
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.launcher.policy import LauncherRequest
 
+if TYPE_CHECKING:
+    from kiln_registry.launcher.launch import PreparedLaunch
+
 LOOPBACK_HOST = "127.0.0.1"
 LAUNCHER_PREFIX = "KILN_"
+DEVICE_VARIABLE = "CUDA_VISIBLE_DEVICES"
 
 StatusSink = Callable[[str], None]
 
@@ -63,12 +68,21 @@ class RunningTeacher(Protocol):
 
 
 class PreparedTeacher(Protocol):
-    """A staged launch that has not spawned yet (the launcher's ``PreparedLaunch``)."""
+    """A staged launch that has not spawned yet (the launcher's ``PreparedLaunch``).
+
+    ``spawn_replica(index, port, environ)`` (replicas > 1) starts one more process
+    group of the same snapshot on ``port`` with ``environ`` added to the child's
+    environment; stopping such a replica leaves the snapshot to ``close()``.
+    """
 
     @property
     def fingerprint(self) -> str: ...
 
     def spawn(self) -> RunningTeacher: ...
+
+    def spawn_replica(
+        self, index: int, port: int, environ: Mapping[str, str]
+    ) -> RunningTeacher: ...
 
     def close(self) -> None: ...
 
@@ -90,7 +104,34 @@ def library_prepare(spec: LaunchSpec) -> PreparedTeacher:
     """The real path: ``launcher.launch.prepare_launch`` (imported when first used)."""
     from kiln_registry.launcher.launch import prepare_launch
 
-    return prepare_launch(spec.request, spec.environ, progress=spec.progress)
+    return LibraryPrepared(prepare_launch(spec.request, spec.environ, progress=spec.progress))
+
+
+@dataclass(frozen=True)
+class LibraryPrepared:
+    """The launcher's ``PreparedLaunch``, with replicas from ``launcher.replica_launch``."""
+
+    launch: PreparedLaunch
+
+    @property
+    def fingerprint(self) -> str:
+        return self.launch.fingerprint
+
+    def spawn(self) -> RunningTeacher:
+        return self.launch.spawn()
+
+    def spawn_replica(self, index: int, port: int, environ: Mapping[str, str]) -> RunningTeacher:
+        from kiln_registry.launcher.replica_launch import replica_launch
+
+        replica = replica_launch(self.launch, index, port, environ)
+        try:
+            return replica.spawn()
+        except BaseException:
+            replica.close()
+            raise
+
+    def close(self) -> None:
+        self.launch.close()
 
 
 def served_model_id(profile_name: str, profile: LocalTeacherConfig) -> str:
@@ -122,8 +163,19 @@ def launcher_flags(
         flags["max-provenance-read-mib-per-second"] = str(
             profile.max_provenance_read_mib_per_second
         )
-    vllm = [f"--host={LOOPBACK_HOST}", f"--port={profile.port}", *profile.vllm_args]
+    vllm = [f"--host={LOOPBACK_HOST}", f"--port={profile.first_port}", *profile.vllm_args]
     return flags, vllm
+
+
+def replica_environment(profile: LocalTeacherConfig, index: int) -> dict[str, str]:
+    """What replica ``index`` adds to the child environment: its GPU, if ``devices`` names one.
+
+    Placement, not identity: the identity is composed once, at prepare, from the
+    registry's environment (which must not set ``CUDA_VISIBLE_DEVICES`` then).
+    """
+    if not profile.devices:
+        return {}
+    return {DEVICE_VARIABLE: str(device_index(profile.devices[index]))}
 
 
 def launch_environment(environ: Mapping[str, str], secret_names: frozenset[str]) -> dict[str, str]:

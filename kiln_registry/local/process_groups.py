@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
@@ -58,6 +59,7 @@ from kiln_registry.domain.errors import (
 from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.launcher.policy import request_from_flags
 from kiln_registry.local.launch_spec import (
+    DEVICE_VARIABLE,
     LaunchSpec,
     Prepare,
     PreparedTeacher,
@@ -68,6 +70,7 @@ from kiln_registry.local.launch_spec import (
     launcher_flags,
     library_prepare,
     prepared_identity,
+    replica_environment,
 )
 
 GENERATED_PREFIX = "student:"  # profiles made for Kiln-shape local aliases (local.student)
@@ -80,7 +83,8 @@ PROGRESS_INTERVAL_S = 1.0
 class _Slot:
     alias: str
     profile: str
-    handle: RunningTeacher | None = None
+    handles: list[RunningTeacher] = field(default_factory=list)
+    prepared: PreparedTeacher | None = None  # closed by the manager (replicas > 1)
     started: bool = False
     ready: bool = False
     stopped: bool = False
@@ -165,7 +169,13 @@ class LocalTeachers:
 
     def reserve(self, alias: str, profile_name: str) -> None:
         """Claim ``alias`` and its profile for a launch, or raise ``LocalTeacherBusy``."""
-        self.profile(profile_name)
+        if self.profile(profile_name).devices and DEVICE_VARIABLE in self._environ:
+            raise RegistrationInvalid(
+                f"profile {profile_name!r} places its replicas with devices, and the registry's"
+                f" environment sets {DEVICE_VARIABLE}, which the identity would record",
+                rule="local.devices_environment",
+                hint=f"unset {DEVICE_VARIABLE} for kiln serve, or drop devices from the profile",
+            )
         with self._lock:
             if self._closing.is_set():
                 raise LauncherError("the registry is shutting down", rule="local.shutting_down")
@@ -182,27 +192,33 @@ class LocalTeachers:
 
     def launch(
         self, alias: str, *, expected: TeacherIdentity | None, status: StatusSink
-    ) -> RunningTeacher:
-        """Stage, spawn and wait for readiness of a reserved alias (blocking).
+    ) -> list[RunningTeacher]:
+        """Stage once, spawn every replica and wait for each to be ready (blocking).
 
         With ``expected`` (a relaunch) the prepared identity must be the same
         (``same_identity``), or ``IdentityMismatch`` is raised before anything is spawned.
-        On any failure the group is drained and the slot released.
+        On any failure every group is drained and the slot released; a replica's
+        failure names its index.
         """
         slot = self._slot(alias)
         slot.started = True
         started = time.monotonic()
         try:
             prepared = self._prepare_slot(slot, started, status)
-            handle = self._spawn(slot, prepared, expected)
+            handles = self._spawn(slot, prepared, expected)
             ready_s = self.profile(slot.profile).ready_deadline_s
-            status(f"launching: vLLM started; waiting up to {ready_s:g} s for {handle.url}/health")
-            handle.wait_ready(self._ready_deadline(started, ready_s))
+            deadline = self._ready_deadline(started, ready_s)
+            for idx, handle in enumerate(handles):
+                status(
+                    f"launching: vLLM started; waiting up to {ready_s:g} s for {handle.url}/health"
+                )
+                with _naming_replica(idx, len(handles)):
+                    handle.wait_ready(deadline)
             with self._lock:
                 if self._closing.is_set() or slot.stopped:
                     raise LauncherError("the launch was stopped", rule="local.stopped")
                 slot.ready = True
-            return handle
+            return handles
         except BaseException:
             self._discard(slot)
             raise
@@ -238,28 +254,42 @@ class LocalTeachers:
 
     def _spawn(
         self, slot: _Slot, prepared: PreparedTeacher, expected: TeacherIdentity | None
-    ) -> RunningTeacher:
+    ) -> list[RunningTeacher]:
+        profile = self.profile(slot.profile)
+        if profile.replicas > 1:
+            return self._spawn_replicas(slot, prepared, expected, profile)
         try:
-            found = None if expected is None else prepared_identity(prepared.fingerprint)
-            if expected is not None and (found is None or not same_identity(expected, found)):
-                raise IdentityMismatch(
-                    f"relaunching {slot.alias!r} from profile {slot.profile!r} produced a "
-                    "different teacher identity than the stored one; "
-                    + identity_change(expected, found),
-                    rule="local.relaunch_identity",
-                    hint="restore the model, runtime and profile it was registered with, or "
-                    f"delete the alias and register it again {RELEASE_NOTE}",
-                )
+            _check_identity(slot, prepared, expected)
             handle = prepared.spawn()
         except BaseException:
             prepared.close()
             raise
+        self._add_handle(slot, handle)
+        return [handle]
+
+    def _spawn_replicas(
+        self,
+        slot: _Slot,
+        prepared: PreparedTeacher,
+        expected: TeacherIdentity | None,
+        profile: LocalTeacherConfig,
+    ) -> list[RunningTeacher]:
+        """One process group per port (and device) of one prepared snapshot."""
         with self._lock:
-            slot.handle = handle
+            slot.prepared = prepared  # closed with the slot, after every replica stopped
+        _check_identity(slot, prepared, expected)
+        for idx, port in enumerate(profile.replica_ports()):
+            with _naming_replica(idx, profile.replicas):
+                handle = prepared.spawn_replica(idx, port, replica_environment(profile, idx))
+            self._add_handle(slot, handle)
+        return list(slot.handles)
+
+    def _add_handle(self, slot: _Slot, handle: RunningTeacher) -> None:
+        with self._lock:
+            slot.handles.append(handle)
             closing = self._closing.is_set()
         if closing:
             raise LauncherError("the registry is shutting down", rule="local.shutting_down")
-        return handle
 
     def _ready_deadline(self, started: float, ready_s: float) -> float:
         deadline = time.monotonic() + ready_s
@@ -277,12 +307,25 @@ class LocalTeachers:
         return slot
 
     def _stop_slot(self, slot: _Slot) -> None:
+        """Stop every replica's group, then close a shared snapshot; the first error raised."""
         with slot.stop_lock:
             if slot.stopped:
                 return
             slot.stopped = True
-            if slot.handle is not None:
-                slot.handle.stop()
+            with self._lock:
+                handles = list(slot.handles)
+            errors: list[BaseException] = []
+            try:
+                for handle in handles:
+                    try:
+                        handle.stop()
+                    except (KilnError, OSError) as exc:
+                        errors.append(exc)
+            finally:
+                if slot.prepared is not None:
+                    slot.prepared.close()
+            if errors:
+                raise errors[0]
 
     def _discard(self, slot: _Slot) -> None:
         try:
@@ -338,6 +381,35 @@ class LocalTeachers:
             raise LauncherError(
                 f"stopping local teachers failed: {errors[0]}", rule="local.shutdown"
             )
+
+
+def _check_identity(
+    slot: _Slot, prepared: PreparedTeacher, expected: TeacherIdentity | None
+) -> None:
+    """A relaunch's prepared identity must be the stored one, before anything spawns."""
+    if expected is None:
+        return
+    found = prepared_identity(prepared.fingerprint)
+    if found is None or not same_identity(expected, found):
+        raise IdentityMismatch(
+            f"relaunching {slot.alias!r} from profile {slot.profile!r} produced a "
+            "different teacher identity than the stored one; " + identity_change(expected, found),
+            rule="local.relaunch_identity",
+            hint="restore the model, runtime and profile it was registered with, or "
+            f"delete the alias and register it again {RELEASE_NOTE}",
+        )
+
+
+@contextmanager
+def _naming_replica(idx: int, count: int) -> Iterator[None]:
+    """A replica's failure names its index (only when there are several)."""
+    try:
+        yield
+    except KilnError as exc:
+        if count > 1:
+            exc.message = f"replica {idx}: {exc.message}"
+            exc.args = (exc.message,)
+        raise
 
 
 def manager_from_config(

@@ -6,9 +6,10 @@ adapter directory, through a generated profile (``local.student``);
 ``launch_profile`` names a ``[teachers.local.<profile>]`` instead.  A
 placeholder row (internal status ``launching``, published ``unavailable``)
 claims the alias and shows progress; the manager launches; the probes run
-(``teachers.probing``) against ``http://127.0.0.1:<port>/v1``; the probed
-identity must be the launcher's (``same_identity``); only then is the
-verified row (identity, receipt) written in one transaction.  Any failure
+(``teachers.probing``) against ``http://127.0.0.1:<port>/v1`` of every replica
+(``teachers.local_replicas``); the probed identity must be the launcher's
+(``same_identity``); only then is the verified row (identity, replica rows,
+receipts) written in one transaction.  Any failure
 stops the teacher and deletes the placeholder: no trace is left.
 
 The manager is the context's ``local_teachers`` slot (``teachers.context.
@@ -20,33 +21,22 @@ never the API layer or FastAPI.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.config.settings import LocalTeacherConfig
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository
-from kiln_registry.domain.errors import (
-    IdentityMismatch,
-    KilnError,
-    RegistrationInvalid,
-    TeacherNotFound,
-)
+from kiln_registry.domain.errors import KilnError, RegistrationInvalid, TeacherNotFound
 from kiln_registry.domain.text import quoted
 from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
-from kiln_registry.identity.document import TeacherIdentity, same_identity
-from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local import student
-from kiln_registry.local.launch_spec import LOOPBACK_HOST, RunningTeacher, served_model_id
+from kiln_registry.local.launch_spec import LOOPBACK_HOST, served_model_id
 from kiln_registry.teachers.context import LocalTeacherManager, TeacherServices
-from kiln_registry.teachers.probing import (
-    ProbeOutcome,
-    Receipt,
-    loopback_endpoint,
-    registry_setup,
-    run_probes,
-)
+from kiln_registry.teachers.local_replicas import probe_launched, replica_rows, replica_urls
+from kiln_registry.teachers.probing import Receipt
 from kiln_registry.teachers.rows import (
     TeacherRequest,
     alias_free,
@@ -77,7 +67,8 @@ def local_manager(ctx: TeacherServices, *, profiles: bool = True) -> LocalTeache
 
 
 def teacher_url(profile: LocalTeacherConfig) -> str:
-    return f"http://{LOOPBACK_HOST}:{profile.port}/v1"
+    """The alias's ``url``: its (first) replica's."""
+    return f"http://{LOOPBACK_HOST}:{profile.first_port}/v1"
 
 
 def status_sink(ctx: TeacherServices, alias: str) -> Callable[[str], None]:
@@ -87,29 +78,6 @@ def status_sink(ctx: TeacherServices, alias: str) -> Callable[[str], None]:
         set_status(ctx, alias, TeacherStatus.launching, message)
 
     return sink
-
-
-async def probe_launched(
-    ctx: TeacherServices,
-    alias: str,
-    handle: RunningTeacher,
-    url: str,
-    model_id: str,
-    pinned: TeacherIdentity | None,
-) -> ProbeOutcome:
-    """Probe a teacher the launcher started; it must be the one the launcher started."""
-    outcome = await run_probes(registry_setup(ctx), loopback_endpoint(url), model_id, pinned)
-    try:
-        launched: TeacherIdentity | None = verify_fingerprint(handle.fingerprint)
-    except KilnError:
-        launched = None
-    if launched is None or not same_identity(outcome.identity, launched):
-        raise IdentityMismatch(
-            f"the teacher answering for {alias!r} is not the one the launcher started",
-            rule="local.probe_identity",
-            hint="another server may hold the profile's port",
-        )
-    return outcome
 
 
 # -- rows ---------------------------------------------------------------------------
@@ -133,9 +101,14 @@ def _placeholder(
 
 
 def _publish(
-    ctx: TeacherServices, placeholder: TeacherRow, identity: TeacherIdentity, receipt: Receipt
+    ctx: TeacherServices,
+    placeholder: TeacherRow,
+    identity: TeacherIdentity,
+    receipts: Sequence[Receipt],
+    urls: Sequence[str],
 ) -> TeacherRow:
-    """Replace the placeholder with the verified row and its receipt (one transaction)."""
+    """Replace the placeholder with the verified row, its replicas and receipts (one
+    transaction)."""
     row = TeacherRow(
         alias=placeholder.alias,
         kind=placeholder.kind,
@@ -147,12 +120,14 @@ def _publish(
         status=TeacherStatus.verified.value,
         **verified_fields(identity),
     )
+    row.replicas = replica_rows(row.alias, urls, identity.digest())
     with ctx.writing() as session:
         repo = TeacherRepository(session)
         if not repo.delete(row.alias):
             raise TeacherNotFound(f"teacher alias {row.alias!r} was deleted while launching")
         repo.insert(row)
-        receipt.store(session, row.alias, row.identity_digest)
+        for receipt in receipts:
+            receipt.store(session, row.alias, row.identity_digest)
         return row
 
 
@@ -250,16 +225,15 @@ async def register_local(ctx: TeacherServices, req: TeacherRequest) -> TeacherRo
     served = placeholder.model_id or ""
     alias = req.alias
     try:
-        handle = await run_in_threadpool(
+        handles = await run_in_threadpool(
             manager.launch, alias, expected=None, status=status_sink(ctx, alias)
         )
         await run_in_threadpool(
             set_status, ctx, alias, TeacherStatus.launching, "launching: probing"
         )
-        outcome = await probe_launched(ctx, alias, handle, teacher_url(profile), served, None)
-        return await run_in_threadpool(
-            _publish, ctx, placeholder, outcome.identity, outcome.receipt
-        )
+        urls = replica_urls(profile)
+        identity, receipts = await probe_launched(ctx, alias, handles, urls, served, None)
+        return await run_in_threadpool(_publish, ctx, placeholder, identity, receipts, urls)
     except Exception:
         await run_in_threadpool(_undo_registration, ctx, manager, alias)
         raise

@@ -4,9 +4,11 @@
   the launcher's identity must be the same before vLLM is spawned, and the
   probes are pinned to it; a mismatch leaves the alias ``unavailable`` with
   the ``teacher_identity_mismatch`` code in its status message.
-* Delete stops the alias's process group (snapshot and cache removed) before
+  A replica set (``replicas = N``) must find the ports it registered, and
+  every replica is proved again (``teachers.local_replicas``).
+* Delete stops the alias's process groups (snapshot and cache removed) before
   the row goes.
-* Start-up: every local alias is ``unavailable`` (the registry owns the
+* Start-up: every local alias (and each of its replicas) is ``unavailable`` (the registry owns the
   process groups, so none survived its last exit); a placeholder of an
   interrupted registration is deleted; rows without an identity (legacy
   imports) are left alone.
@@ -19,6 +21,7 @@ layer or FastAPI.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from starlette.concurrency import run_in_threadpool
 
@@ -31,11 +34,12 @@ from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local import student
 from kiln_registry.teachers.context import LocalTeacherManager, TeacherServices
-from kiln_registry.teachers.local_registration import (
-    local_manager,
+from kiln_registry.teachers.local_registration import local_manager, status_sink
+from kiln_registry.teachers.local_replicas import (
+    check_relaunch_urls,
+    mark_replicas,
     probe_launched,
-    status_sink,
-    teacher_url,
+    replica_urls,
 )
 from kiln_registry.teachers.probing import Receipt
 from kiln_registry.teachers.rows import load_row, require_identity, set_status
@@ -72,10 +76,17 @@ def _failure_message(exc: KilnError) -> str:
     return f"relaunch failed ({exc.code}): {exc.message}"
 
 
-def _mark_verified(ctx: TeacherServices, alias: str, receipt: Receipt, digest: str) -> None:
+def _mark_verified(
+    ctx: TeacherServices, alias: str, receipts: Sequence[Receipt], digest: str
+) -> None:
     with ctx.writing() as session:
-        TeacherRepository(session).update_status(alias, TeacherStatus.verified, None)
-        receipt.store(session, alias, digest)
+        repo = TeacherRepository(session)
+        repo.update_status(alias, TeacherStatus.verified, None)
+        row = repo.get(alias)
+        if row is not None:
+            mark_replicas(row, digest, None)
+        for receipt in receipts:
+            receipt.store(session, alias, digest)
 
 
 async def relaunch_local(ctx: TeacherServices, alias: str) -> TeacherRow:
@@ -91,12 +102,13 @@ async def relaunch_local(ctx: TeacherServices, alias: str) -> TeacherRow:
         manager.reserve_generated(alias, name, generated)
     sink = status_sink(ctx, alias)
     try:
+        urls = replica_urls(manager.profile(name))
+        check_relaunch_urls(row, urls)
         await run_in_threadpool(sink, "launching: relaunch queued")
-        url = teacher_url(manager.profile(name))
-        handle = await run_in_threadpool(manager.launch, alias, expected=identity, status=sink)
+        handles = await run_in_threadpool(manager.launch, alias, expected=identity, status=sink)
         served = identity.served_model_id
-        outcome = await probe_launched(ctx, alias, handle, url, served, identity)
-        await run_in_threadpool(_mark_verified, ctx, alias, outcome.receipt, identity.digest())
+        _, receipts = await probe_launched(ctx, alias, handles, urls, served, identity)
+        await run_in_threadpool(_mark_verified, ctx, alias, receipts, identity.digest())
     except KilnError as exc:
         await run_in_threadpool(_undo_relaunch, ctx, manager, alias, _failure_message(exc))
         raise
@@ -135,6 +147,7 @@ def reconcile_at_startup(ctx: TeacherServices) -> list[str]:
             elif row.identity_json is not None and row.status != TeacherStatus.unavailable:
                 gone = GONE_MESSAGE.format(alias=row.alias)
                 repo.update_status(row.alias, TeacherStatus.unavailable, gone)
+                mark_replicas(row, None, gone)
             else:
                 continue
             changed.append(row.alias)

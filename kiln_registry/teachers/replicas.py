@@ -149,7 +149,7 @@ def same_identity_everywhere(probed: Sequence[Probed]) -> tuple[TeacherIdentity,
     return first, [outcome.receipt for outcome in outcomes]
 
 
-def _replica_row(alias: str, idx: int, url: str, digest: str) -> TeacherReplicaRow:
+def replica_row(alias: str, idx: int, url: str, digest: str) -> TeacherReplicaRow:
     return TeacherReplicaRow(
         alias=alias,
         idx=idx,
@@ -191,7 +191,7 @@ async def register_replicas(
         status=TeacherStatus.verified.value,
         **verified_fields(identity),
     )
-    row.replicas = [_replica_row(req.alias, i, url, digest) for i, url in enumerate(urls)]
+    row.replicas = [replica_row(req.alias, i, url, digest) for i, url in enumerate(urls)]
     return await run_in_threadpool(_persist, ctx, row, receipts)
 
 
