@@ -14,14 +14,15 @@ never FastAPI, the database, the teachers or API layers, or torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from kiln_registry.config.local_replicas import device_index
 from kiln_registry.config.settings import LocalTeacherConfig
-from kiln_registry.domain.errors import KilnError
-from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.domain.errors import RELEASE_NOTE, IdentityMismatch, KilnError
+from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.launcher.policy import LauncherRequest
 
 if TYPE_CHECKING:
@@ -185,3 +186,32 @@ def launch_environment(environ: Mapping[str, str], secret_names: frozenset[str])
         for name, value in environ.items()
         if name not in secret_names and not name.startswith(LAUNCHER_PREFIX)
     }
+
+
+def check_relaunch_identity(
+    alias: str, profile: str, prepared: PreparedTeacher, expected: TeacherIdentity | None
+) -> None:
+    """A relaunch's prepared identity must be the stored one, before anything spawns."""
+    if expected is None:
+        return
+    found = prepared_identity(prepared.fingerprint)
+    if found is None or not same_identity(expected, found):
+        raise IdentityMismatch(
+            f"relaunching {alias!r} from profile {profile!r} produced a "
+            "different teacher identity than the stored one; " + identity_change(expected, found),
+            rule="local.relaunch_identity",
+            hint="restore the model, runtime and profile it was registered with, or "
+            f"delete the alias and register it again {RELEASE_NOTE}",
+        )
+
+
+@contextmanager
+def naming_replica(idx: int, count: int) -> Iterator[None]:
+    """A replica's failure names its index (only when there are several)."""
+    try:
+        yield
+    except KilnError as exc:
+        if count > 1:
+            exc.message = f"replica {idx}: {exc.message}"
+            exc.args = (exc.message,)
+        raise

@@ -1,13 +1,14 @@
-"""The process groups of local teachers: one supervised vLLM process group per local alias.
+"""The process groups of local teachers: supervised vLLM process groups per local alias.
 
 Owns ``LocalTeachers``: which alias runs (or is launching) under which
-profile, the launch itself (prepare -> optional identity pin -> spawn ->
-readiness), stopping one alias, and draining everything at shutdown.  The
-launch goes through the embedded launcher library (``launcher.launch``:
-staged snapshot, private cache, runtime recheck, process group), never a
-shell-out to ``kiln-teacher``; the snapshot and cache are removed on every
-exit path, because every path ends in ``RunningTeacher.stop`` or
-``PreparedTeacher.close``.
+profile, the launch (prepare once -> optional identity pin -> spawn one group,
+or one per replica's port and device -> readiness of each), stopping one alias
+(every group), and draining everything at shutdown.  The launch goes through
+the embedded launcher library (``launcher.launch``; replicas
+``launcher.replica_launch``), never a shell-out to ``kiln-teacher``; the
+snapshot and cache are removed on every exit path (``RunningTeacher.stop``, or
+``PreparedTeacher.close`` after a set's replicas stopped).  A replica's
+failure names its index and stops the whole set.
 
 Decisions:
 
@@ -31,32 +32,28 @@ Decisions:
 
 What a launch is made of (spec, protocols, flags, environment) is
 ``local.launch_spec``.  Thread-safe; blocking (callers run it in worker
-threads).  The registry side
-(rows, probes, receipts) is ``teachers.local_registration`` and
-``teachers.local_relaunch``.  Imports the standard library,
-``kiln_registry.config.settings``, ``kiln_registry.domain.errors``, the identity
-document and the launcher library; never FastAPI, the database, the teachers or
-API layers, or torch.
+threads).  The registry side (rows, probes, receipts) is
+``teachers.local_registration``, ``local_relaunch`` and ``local_replicas``.
+Imports the standard library, ``kiln_registry.config.settings``,
+``kiln_registry.domain.errors``, the identity document and the launcher
+library; never FastAPI, the database, the teachers or API layers, or torch.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kiln_registry.config.settings import KilnConfig, LocalTeacherConfig
 from kiln_registry.domain.errors import (
-    RELEASE_NOTE,
-    IdentityMismatch,
     KilnError,
     LauncherError,
     LocalTeacherBusy,
     RegistrationInvalid,
 )
-from kiln_registry.identity.document import TeacherIdentity, same_identity
+from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.launcher.policy import request_from_flags
 from kiln_registry.local.launch_spec import (
     DEVICE_VARIABLE,
@@ -65,11 +62,11 @@ from kiln_registry.local.launch_spec import (
     PreparedTeacher,
     RunningTeacher,
     StatusSink,
-    identity_change,
+    check_relaunch_identity,
     launch_environment,
     launcher_flags,
     library_prepare,
-    prepared_identity,
+    naming_replica,
     replica_environment,
 )
 
@@ -212,7 +209,7 @@ class LocalTeachers:
                 status(
                     f"launching: vLLM started; waiting up to {ready_s:g} s for {handle.url}/health"
                 )
-                with _naming_replica(idx, len(handles)):
+                with naming_replica(idx, len(handles)):
                     handle.wait_ready(deadline)
             with self._lock:
                 if self._closing.is_set() or slot.stopped:
@@ -259,7 +256,7 @@ class LocalTeachers:
         if profile.replicas > 1:
             return self._spawn_replicas(slot, prepared, expected, profile)
         try:
-            _check_identity(slot, prepared, expected)
+            check_relaunch_identity(slot.alias, slot.profile, prepared, expected)
             handle = prepared.spawn()
         except BaseException:
             prepared.close()
@@ -277,9 +274,9 @@ class LocalTeachers:
         """One process group per port (and device) of one prepared snapshot."""
         with self._lock:
             slot.prepared = prepared  # closed with the slot, after every replica stopped
-        _check_identity(slot, prepared, expected)
+        check_relaunch_identity(slot.alias, slot.profile, prepared, expected)
         for idx, port in enumerate(profile.replica_ports()):
-            with _naming_replica(idx, profile.replicas):
+            with naming_replica(idx, profile.replicas):
                 handle = prepared.spawn_replica(idx, port, replica_environment(profile, idx))
             self._add_handle(slot, handle)
         return list(slot.handles)
@@ -381,35 +378,6 @@ class LocalTeachers:
             raise LauncherError(
                 f"stopping local teachers failed: {errors[0]}", rule="local.shutdown"
             )
-
-
-def _check_identity(
-    slot: _Slot, prepared: PreparedTeacher, expected: TeacherIdentity | None
-) -> None:
-    """A relaunch's prepared identity must be the stored one, before anything spawns."""
-    if expected is None:
-        return
-    found = prepared_identity(prepared.fingerprint)
-    if found is None or not same_identity(expected, found):
-        raise IdentityMismatch(
-            f"relaunching {slot.alias!r} from profile {slot.profile!r} produced a "
-            "different teacher identity than the stored one; " + identity_change(expected, found),
-            rule="local.relaunch_identity",
-            hint="restore the model, runtime and profile it was registered with, or "
-            f"delete the alias and register it again {RELEASE_NOTE}",
-        )
-
-
-@contextmanager
-def _naming_replica(idx: int, count: int) -> Iterator[None]:
-    """A replica's failure names its index (only when there are several)."""
-    try:
-        yield
-    except KilnError as exc:
-        if count > 1:
-            exc.message = f"replica {idx}: {exc.message}"
-            exc.args = (exc.message,)
-        raise
 
 
 def manager_from_config(
