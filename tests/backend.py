@@ -12,7 +12,9 @@ Here the same keys are opened with the product's own ``open_database``:
   B-tree index (the extension created by the superuser in that database),
   which raises on a corrupt index, else ``"ok"``;
 * ``rows_text(path)``: every row of every table as text (a secret scan that
-  holds on both backends; SQLite tests also scan the file's bytes).
+  holds on both backends; SQLite tests also scan the file's bytes);
+* ``fetch(path, sql)`` / ``execute(path, sql)``: one read, or one committed
+  write, in SQL both backends speak.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, MetaData, select
 
@@ -82,3 +85,15 @@ def rows_text(path: Path) -> str:
 
 def is_postgres() -> bool:
     return selected_backend() == "postgres"
+
+
+def fetch(path: Path, statement: str) -> list[tuple[Any, ...]]:
+    """The rows of one SQL read (portable SQL) of the registry whose file would be ``path``."""
+    with registry_database(path) as engine, engine.connect() as conn:
+        return [tuple(row) for row in conn.exec_driver_sql(statement)]
+
+
+def execute(path: Path, statement: str) -> None:
+    """One SQL write (portable SQL), committed, in the product's write transaction."""
+    with registry_database(path) as engine, engine.begin() as conn:
+        conn.exec_driver_sql(statement)

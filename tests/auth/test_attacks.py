@@ -8,7 +8,6 @@ process while the server runs and must apply to the very next request.
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from kiln_registry.auth.tokens import generate_token
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO, RegistryServer, error_of, run_registry, write_config
 from tests.auth.support import bearer, create_token
+from tests.backend import execute, fetch
 
 FIXTURE = {"alias": "pinned", "kind": "fixture", "model_id": "m"}
 
@@ -141,9 +141,8 @@ def test_expired_and_revoked_tokens_stop_at_once(
     short = create_token(db, "short", {"read"}, days=1)
     with registry.client() as http:
         assert http.get("/v1/teachers", headers=bearer(short)).status_code == 200
-        with sqlite3.connect(db) as conn:
-            conn.execute("UPDATE api_tokens SET expires_at = '2000-01-01T00:00:00.000000Z'"
-                         " WHERE name = 'short'")  # fmt: skip
+        execute(db, "UPDATE api_tokens SET expires_at = '2000-01-01T00:00:00.000000Z'"
+                    " WHERE name = 'short'")  # fmt: skip
         expired = http.get("/v1/teachers", headers=bearer(short))
         assert expired.status_code == 401 and "expired" in error_of(expired)["message"]
         assert http.get("/v1/teachers", headers=bearer(t["read"])).status_code == 200
@@ -188,8 +187,7 @@ def test_last_used_is_written_in_batches(
     with registry.client() as http:
         for _ in range(5):
             assert http.get("/v1/teachers", headers=bearer(t["read"])).status_code == 200
-    with sqlite3.connect(tmp_path / "registry.db") as conn:
-        rows = dict(conn.execute("SELECT name, last_used_at FROM api_tokens").fetchall())
+    rows = dict(fetch(tmp_path / "registry.db", "SELECT name, last_used_at FROM api_tokens"))
     # The first use is written (on the next request); later uses wait a minute.
     assert rows["reader"] is not None and rows["root"] is None
 

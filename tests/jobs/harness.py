@@ -113,7 +113,7 @@ def running_registry(config: KilnConfig, timeout: float = 20.0) -> Iterator[Regi
         server.should_exit = True
         thread.join(timeout)
         sock.close()
-        ctx.engine.dispose()
+        ctx.close()  # the entry cache's connection too (PostgreSQL: a held driver connection)
 
 
 def student_identity(
