@@ -14,8 +14,8 @@ A replica placed on a GPU is refused unless that GPU is in the launch's
 accelerator block and every device there is the same model (name,
 architecture, memory), so replicas on identical devices present one identity.
 
-Imports the standard library, ``kiln_registry.domain.errors`` and sibling
-launcher modules; never torch or vLLM.
+Imports the standard library, ``kiln_registry.domain.errors``, the identity
+input manifest and sibling launcher modules; never torch or vLLM.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kiln_registry.domain.errors import LauncherError
+from kiln_registry.identity.input_manifest import Accelerator
 from kiln_registry.launcher.front import socket_path
 from kiln_registry.launcher.launch import SOCKET_PARENT, PreparedLaunch
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
@@ -57,7 +58,7 @@ class ReplicaLaunch(PreparedLaunch):
             ) from None
 
 
-def _swap(tokens: Sequence[str], prefix: str, value: str, what: str) -> tuple[str, ...]:
+def swap_option(tokens: Sequence[str], prefix: str, value: str, what: str) -> tuple[str, ...]:
     """``tokens`` with the one ``prefix…`` token replaced by ``prefix + value``."""
     found = [i for i, token in enumerate(tokens) if token.startswith(prefix)]
     if len(found) != 1:
@@ -70,12 +71,11 @@ def _swap(tokens: Sequence[str], prefix: str, value: str, what: str) -> tuple[st
     return tuple(out)
 
 
-def check_replica_device(prepared: PreparedLaunch, environ: Mapping[str, str]) -> None:
+def check_replica_device(accelerator: Accelerator, environ: Mapping[str, str]) -> None:
     """A replica's GPU must be one of the launch's identical accelerator devices."""
     value = environ.get(DEVICE_VARIABLE)
     if value is None:
         return
-    accelerator = prepared.inputs.accelerator
     kinds = {(d.name, d.architecture, d.total_memory_bytes) for d in accelerator.devices}
     indices = {device.index for device in accelerator.devices}
     if accelerator.type != "cuda" or not value.isdigit() or int(value) not in indices:
@@ -96,7 +96,7 @@ def replica_launch(
     prepared: PreparedLaunch, index: int, port: int, environ: Mapping[str, str]
 ) -> ReplicaLaunch:
     """Replica ``index`` of ``prepared`` on ``port``, with ``environ`` added (not spawned)."""
-    check_replica_device(prepared, environ)
+    check_replica_device(prepared.inputs.accelerator, environ)
     options = prepared.request.vllm_options
     target = HealthTarget(host=prepared.target.host, port=port)
     check_port_free(target, options.host)
@@ -125,10 +125,10 @@ def _placed(
 ) -> tuple[tuple[str, ...], Front | None, HealthTarget | None]:
     """vLLM's argv, the gateway and vLLM's own target for a replica on ``port``."""
     if prepared.front is None:  # direct mode: vLLM itself listens on the port
-        return _swap(prepared.argv, "--port=", str(port), "vLLM command"), None, None
+        return swap_option(prepared.argv, "--port=", str(port), "vLLM command"), None, None
     uds = socket_path(replica_dir)
-    argv = _swap(prepared.argv, "--uds=", uds, "vLLM command")
-    front_argv = _swap(prepared.front.argv, "--port=", str(port), "gateway command")
-    front_argv = _swap(front_argv, "--upstream-uds=", uds, "gateway command")
+    argv = swap_option(prepared.argv, "--uds=", uds, "vLLM command")
+    front_argv = swap_option(prepared.front.argv, "--port=", str(port), "gateway command")
+    front_argv = swap_option(front_argv, "--upstream-uds=", uds, "gateway command")
     public = HealthTarget(host=prepared.front.target.host, port=port)
     return argv, Front(front_argv, prepared.front.env, public), HealthTarget(uds=uds)
