@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config.settings import load_config
-from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
+from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.legacy import LEGACY_NO_IDENTITY_MESSAGE, LEGACY_STATUS_MESSAGE
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
@@ -34,6 +34,8 @@ from kiln_registry.legacy.registry import (
     import_legacy_registry,
 )
 from kiln_registry.testing.tiny_models import TinyModel
+from tests.backend import fetch, is_postgres, open_registry_database
+from tests.pg_server import database_settings
 
 SECRET = "sk-legacy-PLANTED-7c1e55d0aa93"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -91,15 +93,13 @@ def write_registry(path: Path, doc: object, mode: int = 0o640) -> Path:
 
 
 def teacher_rows(database: Path) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(database, timeout=5)
-    try:
-        return conn.execute(
-            "SELECT alias, kind, provider, model_id, url, credential_id, notes, adapter, "
-            "identity_json, status, status_message, created_at, updated_at FROM teachers "
-            "ORDER BY alias"
-        ).fetchall()
-    finally:
-        conn.close()
+    """The teachers table of the registry whose SQLite file would be ``database``."""
+    return fetch(
+        database,
+        "SELECT alias, kind, provider, model_id, url, credential_id, notes, adapter, "
+        "identity_json, status, status_message, created_at, updated_at FROM teachers "
+        "ORDER BY alias",
+    )
 
 
 def temp_leftovers(directory: Path) -> list[Path]:
@@ -108,7 +108,7 @@ def temp_leftovers(directory: Path) -> list[Path]:
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = open_engine(tmp_path / "registry.db")
+    eng = open_registry_database(tmp_path / "registry.db")  # either test backend
     upgrade_to_head(eng)
     yield eng
     eng.dispose()
@@ -345,9 +345,11 @@ def _kiln(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_kiln_registry_import_cli(tmp_path: Path, tiny_model: TinyModel) -> None:
     config = tmp_path / "kiln.toml"
+    server = "".join(f'{k} = "{v}"\n' for k, v in database_settings(tmp_path / "data").items())
+    if not is_postgres():
+        server = 'database = "data/registry.db"\n'  # relative to kiln.toml
     config.write_text(
-        f'[server]\ndatabase = "data/registry.db"\n[student]\nmodel_path = "{tiny_model.path}"\n',
-        encoding="utf-8",
+        f'[server]\n{server}[student]\nmodel_path = "{tiny_model.path}"\n', encoding="utf-8"
     )
     registry = write_registry(tmp_path / "teachers.json", legacy_registry())
     done = _kiln("registry", "import", "--config", str(config), str(registry))
@@ -428,6 +430,7 @@ def _check_refusals(http: Any, alias: str, origin: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only(reason="starts from a legacy (pre-Alembic) SQLite registry file")
 @pytest.mark.secret_env(KEY_ENV)
 def test_migrated_aliases_over_the_http_api(
     tmp_path: Path, tiny_model: TinyModel, tls_teacher: Any, monkeypatch: pytest.MonkeyPatch
