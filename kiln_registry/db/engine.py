@@ -286,6 +286,13 @@ def _refuse_unusable(conn: Connection, script: ScriptDirectory, where: str) -> D
     return shape
 
 
+def usable_shape(engine: Engine) -> DatabaseShape:
+    """The database's shape; ``ConfigError`` for an unrecognised one or an unknown revision."""
+    script = ScriptDirectory.from_config(_alembic_config(migrations_dir()))
+    with read_connection(engine) as conn:
+        return _refuse_unusable(conn, script, database_label(engine))
+
+
 def _stamp_legacy(conn: Connection, config: Config, where: str) -> None:
     """Check a legacy registry's rows, then mark it as the legacy base revision."""
     secure = conn.exec_driver_sql("PRAGMA secure_delete").scalar()

@@ -27,11 +27,10 @@ from sqlalchemy import Engine
 from kiln_registry.db.engine import (
     current_revision,
     database_label,
-    detect_database_shape,
     head_revision,
     open_engine,
-    read_connection,
     upgrade_to_head,
+    usable_shape,
 )
 from kiln_registry.db.location import PostgresDatabase
 from kiln_registry.domain.errors import ConfigError
@@ -67,16 +66,13 @@ def open_database(server: DatabaseKeys, *, create: bool = True) -> Engine:
 
 def ensure_schema(engine: Engine, *, upgrade: bool) -> str:
     """The database's revision after creating or (when allowed) upgrading it."""
-    with read_connection(engine) as conn:
-        shape = detect_database_shape(conn)
+    shape = usable_shape(engine)  # refuses an unrecognised database or a newer revision
     revision = current_revision(engine) if shape == "alembic" else None
     head = head_revision()
     if revision == head:
         return head
     if shape == "empty" or upgrade:
-        return upgrade_to_head(engine)  # also refuses unknown shapes and newer revisions
-    if shape == "unknown":
-        upgrade_to_head(engine)  # raises db.unrecognised, naming the database
+        return upgrade_to_head(engine)
     where = database_label(engine)
     found = "a legacy registry" if shape == "legacy_v0" else f"at revision {revision}"
     raise ConfigError(
@@ -88,6 +84,7 @@ def ensure_schema(engine: Engine, *, upgrade: bool) -> str:
 
 def require_head(engine: Engine) -> str:
     """Refuse a database that is not exactly at head (this process never migrates)."""
+    usable_shape(engine)  # a newer revision or a foreign database: its own, clearer refusal
     revision = current_revision(engine)
     head = head_revision()
     if revision != head:
