@@ -25,12 +25,10 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.launcher.supervisor import ProcessGroup
 from kiln_registry.local.launch_spec import LaunchSpec
 from kiln_registry.testing.tiny_models import TinyModel
-from tests.api.support import toml_str, write_config
 from tests.helpers import free_port
 from tests.test_local_teachers import (
     PROFILE,
     READY_S,
-    SERVED,
     FakePrepare,
     FakePrepared,
     FakeRunning,
@@ -39,6 +37,7 @@ from tests.test_local_teachers import (
     registry,
     spawned_pids,
     teacher_identity,
+    write_local_config,
 )
 
 pytestmark = pytest.mark.slow  # each replica is a real reference-teacher process (torch)
@@ -87,26 +86,10 @@ class ReplicaPrepare(FakePrepare):
 def write_replica_config(
     tmp_path: Path, model: TinyModel, ports: list[int], extra: list[str] | None = None
 ) -> Setup:
-    snapshots, caches = tmp_path / "snapshots", tmp_path / "caches"
-    for path in (snapshots, caches):
-        path.mkdir(mode=0o700)
-    config = write_config(tmp_path, student=model.path)
-    lines = [
-        f"[teachers.local.{PROFILE}]",
-        f"model_path = {toml_str(model.path)}",
-        f"snapshot_root = {toml_str(snapshots)}",
-        f"cache_root = {toml_str(caches)}",
-        f'served_model_id = "{SERVED}"',
-        "max_top_k = 8",
-        "max_model_len = 64",
-        f"replicas = {len(ports)}",
-        f"ports = [{', '.join(str(p) for p in ports)}]",
-        f"ready_deadline_s = {READY_S}",
-        *(extra or []),
-    ]
-    with config.open("a", encoding="utf-8") as handle:
-        handle.write("\n" + "\n".join(lines) + "\n")
-    return Setup(config, snapshots, caches, ports[0])
+    placement = [f"replicas = {len(ports)}", f"ports = [{', '.join(map(str, ports))}]"]
+    return write_local_config(
+        tmp_path, model, profile_port=ports[0], placement=[*placement, *(extra or [])]
+    )
 
 
 def body(alias: str) -> dict[str, Any]:
@@ -263,18 +246,7 @@ def test_a_replica_with_another_identity_refuses_the_set(
 def test_replica_placement_refusals(
     tmp_path: Path, tiny_model: TinyModel, lines: list[str], needle: str
 ) -> None:
-    config = write_config(tmp_path, student=tiny_model.path)
-    profile = [
-        f"[teachers.local.{PROFILE}]",
-        f"model_path = {toml_str(tiny_model.path)}",
-        f"snapshot_root = {toml_str(tmp_path / 's')}",
-        f"cache_root = {toml_str(tmp_path / 'c')}",
-        "max_top_k = 8",
-        "max_model_len = 64",
-        *lines,
-    ]
-    with config.open("a", encoding="utf-8") as handle:
-        handle.write("\n" + "\n".join(profile) + "\n")
+    config = write_local_config(tmp_path, tiny_model, profile_port=0, placement=lines).config
     with pytest.raises(ConfigError) as caught:
         load_config(config)
     assert needle in str(caught.value), str(caught.value)

@@ -154,7 +154,10 @@ class Setup:
         return sorted(os.listdir(self.snapshots)) + sorted(os.listdir(self.caches))
 
 
-def write_local_config(tmp_path: Path, model: TinyModel, *, profile_port: int) -> Setup:
+def write_local_config(
+    tmp_path: Path, model: TinyModel, *, profile_port: int, placement: list[str] | None = None
+) -> Setup:
+    """The profile on ``profile_port``; ``placement`` replaces its ``port`` line (replicas)."""
     snapshots, caches = tmp_path / "snapshots", tmp_path / "caches"
     for path in (snapshots, caches):
         path.mkdir(mode=0o700)
@@ -167,7 +170,7 @@ def write_local_config(tmp_path: Path, model: TinyModel, *, profile_port: int) -
         f'served_model_id = "{SERVED}"',
         "max_top_k = 8",
         "max_model_len = 64",
-        f"port = {profile_port}",
+        *(placement if placement is not None else [f"port = {profile_port}"]),
         f"ready_deadline_s = {READY_S}",
     ]
     with config.open("a", encoding="utf-8") as handle:

@@ -266,7 +266,7 @@ class LocalTeacherConfig(BaseModel):
     ready_deadline_s: Annotated[StrictFloat, Field(gt=0, le=86400)] = 300.0
     # Issue 17: N vLLM processes of one prepared snapshot, one per port (and device).
     replicas: Annotated[StrictInt, Field(ge=1, le=MAX_LOCAL_REPLICAS)] = 1
-    ports: Annotated[tuple[Port, ...], Field(min_length=1, max_length=MAX_LOCAL_REPLICAS)] = ()
+    ports: Annotated[tuple[Port, ...], Field(max_length=MAX_LOCAL_REPLICAS)] = ()
     devices: Annotated[
         tuple[Annotated[str, AfterValidator(_check_cuda_device)], ...],
         Field(max_length=MAX_LOCAL_REPLICAS),
