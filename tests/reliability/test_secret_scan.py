@@ -59,6 +59,7 @@ from tests.api.support import (
     serve_tls,
     write_config,
 )
+from tests.backend import is_postgres, rows_text
 from tests.helpers import free_port
 from tests.launcher.test_cli_manifest import TEACHER_INPUT
 from tests.reliability import faulty_teachers as ft
@@ -121,7 +122,11 @@ def _response_text(response: httpx.Response) -> str:
 
 
 def _database_texts(directory: Path) -> list[tuple[str, str]]:
-    return [(p.name, p.read_bytes().decode("latin-1")) for p in sorted(directory.glob("*.db*"))]
+    """SQLite's files as bytes; under PostgreSQL, every row of the registry's database."""
+    texts = [(p.name, p.read_bytes().decode("latin-1")) for p in sorted(directory.glob("*.db*"))]
+    if is_postgres():
+        texts.append(("database rows", rows_text(directory / "registry.db")))
+    return texts
 
 
 @dataclass(frozen=True)

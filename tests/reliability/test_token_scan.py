@@ -15,7 +15,6 @@ stdout, where the token is printed once on purpose, is exempt.
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import httpx
 
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import CLEAN_EXIT, REPO, ServerProcess, write_config
+from tests.backend import execute
 from tests.reliability.test_secret_scan import _database_texts, _response_text, scan
 
 FIXTURE = {"alias": "pinned", "kind": "fixture", "model_id": "m"}
@@ -80,9 +80,8 @@ def test_tokens_leak_nowhere(tmp_path: Path, tiny_model: TinyModel) -> None:
     with ServerProcess(config, tmp_path / "server.log") as server:
         server.wait_ready()
         revoked = kiln("tokens", "revoke", "--config", str(config), "t-revoked")
-        with sqlite3.connect(tmp_path / "registry.db") as db:
-            db.execute("UPDATE api_tokens SET expires_at = '2000-01-01T00:00:00.000000Z'"
-                       " WHERE name = 't-expired'")  # fmt: skip
+        execute(tmp_path / "registry.db", "UPDATE api_tokens SET expires_at = "
+                "'2000-01-01T00:00:00.000000Z' WHERE name = 't-expired'")  # fmt: skip
         with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as http:
             responses = _requests(http, tokens)
         texts.append(("ps while serving", _ps()))
