@@ -259,3 +259,23 @@ def test_one_replica_keeps_port_and_ports_of_one_is_the_same(
     setup = write_replica_config(tmp_path, tiny_model, [9111])
     profile = load_config(setup.config).teachers.local[PROFILE]
     assert profile.replicas == 1 and profile.replica_ports() == (9111,) and profile.port is None
+
+
+def test_relaunch_refuses_a_profile_whose_ports_changed(
+    tmp_path: Path, tiny_model: TinyModel, identity: TeacherIdentity, ports: list[int]
+) -> None:
+    setup = write_replica_config(tmp_path, tiny_model, ports)
+    fake = ReplicaPrepare(identity.fingerprint())
+    with registry(setup, fake) as http:
+        assert http.post("/v1/teachers", json=body("set5")).status_code == 200
+    text = setup.config.read_text(encoding="utf-8")
+    moved = free_port()
+    setup.config.write_text(text.replace(f", {ports[1]}]", f", {moved}]"), encoding="utf-8")
+    with registry(setup, fake) as http:
+        refused = http.post("/v1/teachers/set5/launch")
+        assert refused.status_code == 400, refused.text
+        assert "local.relaunch_replicas" in refused.json()["error"]["message"]
+        entry = http.get("/v1/teachers/set5").json()
+        assert entry["status"] == "unavailable"
+        assert {r["status"] for r in entry["replicas"]} == {"unavailable"}
+    assert fake.log.count("prepare") == 1 and setup.leftovers() == []  # nothing relaunched
