@@ -12,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, text
 
-from kiln_registry.db.engine import head_revision, migrations_dir, open_engine, upgrade_to_head
+from kiln_registry.db.engine import head_revision, open_engine, upgrade_to_head
 from kiln_registry.db.location import parse_postgres
+from tests.db.test_migration_0005 import _alembic
 from tests.pg_server import PostgresServer
 
 NOW = "2026-12-01T00:00:00.000000Z"
@@ -45,14 +44,6 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         )
     yield eng
     eng.dispose()
-
-
-def _alembic(engine: Engine, action: str, revision: str) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(migrations_dir()))
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        getattr(command, action)(config, revision)
 
 
 def _count(engine: Engine, table: str) -> int:
