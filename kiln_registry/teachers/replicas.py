@@ -26,6 +26,7 @@ from typing import Final
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.auth.reserved import refuse_reserved
+from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.credentials.resolve import ResolvedTeacher
 from kiln_registry.db.models import TeacherReplicaRow, TeacherRow, utc_timestamp
 from kiln_registry.db.repository import TeacherRepository
@@ -36,7 +37,8 @@ from kiln_registry.domain.errors import (
     RegistrationInvalid,
     TeacherNotFound,
 )
-from kiln_registry.domain.limits import MAX_REPLICA_URLS, MIN_REPLICA_URLS
+from kiln_registry.domain.limits import MAX_REPLICA_URLS, MAX_TEXT_CHARS, MIN_REPLICA_URLS
+from kiln_registry.domain.text import clipped
 from kiln_registry.domain.vocabulary import TeacherStatus
 from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.document import TeacherIdentity
@@ -213,7 +215,8 @@ def _store_reprobe(
         for replica, item in zip(row.replicas, probed, strict=True):
             replica.checked_at = now
             if isinstance(item, KilnError):
-                replica.status, replica.status_message = REPLICA_UNAVAILABLE, str(item)[:2048]
+                message = clipped(redact_text(str(item), secret_names), MAX_TEXT_CHARS)
+                replica.status, replica.status_message = REPLICA_UNAVAILABLE, message
                 receipt = failure_receipt(item, secret_names, replica=replica.idx)
             else:
                 replica.status, replica.status_message = REPLICA_VERIFIED, None
