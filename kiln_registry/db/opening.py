@@ -47,11 +47,19 @@ class DatabaseKeys(Protocol):
     @property
     def database_password_env(self) -> str | None: ...
 
+    @property
+    def state_path(self) -> Path: ...
+
 
 def open_database(server: DatabaseKeys, *, create: bool = True) -> Engine:
-    """An Engine on the configured database; ``create=False`` refuses a missing SQLite file."""
+    """An Engine on the configured database; ``create=False`` refuses a missing SQLite file.
+
+    With PostgreSQL the ``state_dir`` folder is created (mode 0700) if missing.
+    """
     location = server.database
     if isinstance(location, PostgresDatabase):
+        # The files every process keeps (signing key, results) live in state_dir.
+        server.state_path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return open_engine(location, password_env=server.database_password_env)
     if not location.exists() and not create:
         raise ConfigError(

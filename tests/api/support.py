@@ -135,12 +135,18 @@ def run_registry(
 class ServerProcess:
     """``python -m kiln_registry.cli.main serve --config ... --port P`` with captured stderr."""
 
-    def __init__(self, config: Path, log: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         argv = [sys.executable, "-m", "kiln_registry.cli.main", "serve"]
-        argv += ["--config", str(config), "--port", str(self.port)]
+        argv += ["--config", str(config), "--port", str(self.port), *extra]
         full_env = {**os.environ, **(env or {})}
         with log.open("ab") as sink:
             self.proc = subprocess.Popen(

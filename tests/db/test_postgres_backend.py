@@ -259,3 +259,21 @@ def test_open_database_from_the_config(
         assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
+
+
+def test_a_missing_state_dir_is_created_private(
+    tmp_path: Path, pg_database: str, postgres_server: PostgresServer, tiny_model: object
+) -> None:
+    from kiln_registry.config.settings import load_config
+
+    path = pg_config(tmp_path, url=pg_database, student=tiny_model.path)  # type: ignore[attr-defined]
+    state = tmp_path / "new" / "state"
+    path.write_text(
+        path.read_text(encoding="utf-8").replace(
+            f'state_dir = "{tmp_path}"', f'state_dir = "{state}"'
+        ),
+        encoding="utf-8",
+    )
+    engine = open_database(load_config(path).server)
+    engine.dispose()
+    assert state.is_dir() and (state.stat().st_mode & 0o777) == 0o700

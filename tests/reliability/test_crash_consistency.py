@@ -262,7 +262,8 @@ def _legacy_setup(directory: Path, student: Path) -> Path:
 
 
 def _kill_at_first_write(config: Path, directory: Path, delay: float) -> None:
-    with ServerProcess(config, directory / f"kill-{delay}.log") as server:
+    # A legacy SQLite file is behind head: the operator asks for the conversion.
+    with ServerProcess(config, directory / f"kill-{delay}.log", extra=("--upgrade",)) as server:
         _wait_for(
             lambda: _write_transaction_started(directory) or server.proc.poll() is not None,
             "the migration to start",
@@ -281,7 +282,7 @@ def test_sigkill_during_the_legacy_migration(
     directory = config.parent
     _kill_at_first_write(config, directory, delay)
     left = _migration_state(directory / "registry.db")
-    with ServerProcess(config, directory / "restart.log") as server:
+    with ServerProcess(config, directory / "restart.log", extra=("--upgrade",)) as server:
         server.wait_ready()
         server.stop()
     assert _migration_state(directory / "registry.db") == "imported"
