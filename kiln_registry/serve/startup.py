@@ -256,5 +256,15 @@ class ExitSignals:
         self._raise = False
 
     def resend(self) -> None:
-        if self.received:
-            signal.raise_signal(self.received[0])
+        """Die of the first signal received, whatever handler a library left installed.
+
+        The drain is over, so the signal's default action (terminate) is
+        installed first: the exit status is then -SIGINT/-SIGTERM even when
+        the handler restored by ``__exit__`` would not end the process.
+        """
+        if not self.received:
+            return
+        sig = self.received[0]
+        logging.shutdown()  # flush every log handler before the process ends
+        signal.signal(sig, signal.SIG_DFL)
+        signal.raise_signal(sig)

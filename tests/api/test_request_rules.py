@@ -37,7 +37,7 @@ CASES: list[tuple[str, Any, str]] = [
     ("model_id missing", {k: v for k, v in remote("a1", LOOP).items() if k != "model_id"},
      "model_id is required"),
     ("url missing", {k: v for k, v in remote("a1", LOOP).items() if k != "url"},
-     "url is required"),
+     "url (or urls, for a replica set) is required"),
     ("adapter on remote", remote("a1", LOOP, adapter="lora-x"), "adapter must be null"),
     ("blank model_id", remote("a1", LOOP, model_id="  "), "must not be empty"),
     ("kind missing", {"alias": "a1", "model_id": "m"}, "kind: Field required"),

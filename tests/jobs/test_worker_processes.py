@@ -47,6 +47,8 @@ def _server_keys(backend: str, directory: Path, request: pytest.FixtureRequest) 
         return {"database": str(directory / "registry.db")}
     server = request.getfixturevalue("postgres_server")
     url: str = request.getfixturevalue("pg_database")
+    # The per-test isolation cleared KILN_* before this fixture was asked for: set it again.
+    request.getfixturevalue("monkeypatch").setenv(server.password_env, server.password)
     return {"database": url, "database_password_env": server.password_env,
             "state_dir": str(directory)}  # fmt: skip
 
