@@ -114,6 +114,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         Figure("generation job / teacher's own throughput",
                lambda r: [x["job_vs_teacher"] for x in r["rounds"]], 0.9, True),
     ), "off-policy generation job (200 prompts, 16 tokens, top-K 4) vs the reference teacher"),
+    Benchmark("scaleout", ("bench_scaleout.py", "all", "--repeat", "5", "--rounds", "3"), (
+        Figure("PostgreSQL lookup / SQLite lookup",
+               lambda r: [x["postgres_rps"] / x["sqlite_rps"] for x in r["lookup"]["rounds"]],
+               0.5, True),
+        Figure("2 replicas + 2 workers / 1 + 1",
+               lambda r: [x["two_by_two_seq_s"] / x["one_by_one_seq_s"]
+                          for x in r["jobs"]["rounds"]], 1.8, True),
+    ), "registry lookups on PostgreSQL vs SQLite; a corpus job over 2 teacher replicas and "
+       "2 `kiln worker`s vs 1 and 1 (100 ms teacher service time)"),
 )  # fmt: skip
 
 
