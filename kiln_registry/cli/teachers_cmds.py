@@ -108,6 +108,8 @@ def render_entry(entry: TeacherEntry) -> str:
     if spec.identity is not None:
         identity = spec.identity.model_dump(mode="json", by_alias=True)
         pairs += [(f"identity.{k}", v) for k, v in identity.items() if k not in ("schema",)]
+    for index, replica in enumerate(entry.replicas or ()):
+        pairs.append((f"replica {index}", f"{replica.url} ({replica.status.value})"))
     if entry.off_policy_manifest is not None:
         pairs.append(("off-policy manifest", entry.off_policy_manifest))
     width = max(len(k) for k, _ in pairs)
@@ -141,7 +143,8 @@ def _register(args: argparse.Namespace) -> int:
             kind=args.kind,
             provider=args.provider,
             model_id=args.model_id,
-            url=args.url,
+            url=args.url[0] if args.url and len(args.url) == 1 else None,
+            urls=args.url if args.url and len(args.url) > 1 else None,
             credential_id=args.credential_id,
             notes=args.notes,
             adapter=args.adapter,
@@ -294,7 +297,11 @@ def _add_register(group: SubParsers) -> None:
     p.add_argument("--kind", choices=KINDS, default="remote")
     p.add_argument("--provider", help="remote protocol (only 'vllm' can prove an identity)")
     p.add_argument("--model-id", help="served model id (remote, fixture); ignored for local")
-    p.add_argument("--url", help="teacher base URL (remote)")
+    p.add_argument(
+        "--url",
+        action="append",
+        help="teacher base URL (remote); repeat it to register a replica set",
+    )
     p.add_argument("--credential-id", help="a [teachers.credentials.<id>] of the server")
     p.add_argument("--notes")
     p.add_argument("--adapter", help="local: an adapter directory of the student's adapter_dir")

@@ -12,7 +12,7 @@ pydantic, ``client.base`` and the wire schemas; never httpx.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +87,16 @@ def register_teacher(
     notes: str | None = None,
     adapter: str | None = None,
     launch_profile: str | None = None,
+    urls: Sequence[str] | None = None,
 ) -> Call[TeacherEntry]:
-    """``POST /v1/teachers``; fields left as None are not sent (the server validates)."""
+    """``POST /v1/teachers``; fields left as None are not sent (the server validates).
+
+    ``urls`` registers a replica set (several endpoints of one teacher) instead of ``url``.
+    """
     fields = {"alias": alias, "kind": kind, "provider": provider, "model_id": model_id,
               "url": url, "credential_id": credential_id, "notes": notes,
-              "adapter": adapter, "launch_profile": launch_profile}  # fmt: skip
+              "adapter": adapter, "launch_profile": launch_profile,
+              "urls": None if urls is None else list(urls)}  # fmt: skip
     body = {name: value for name, value in fields.items() if value is not None}
     return call("POST", "/v1/teachers", TeacherEntry, body)
 

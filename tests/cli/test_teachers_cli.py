@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,6 +113,21 @@ def test_full_lifecycle(server: str, teacher_url: str, capsys: pytest.CaptureFix
     status, out, err = kiln(capsys, "teachers", "show", ALIAS, *s)
     assert (status, out) == (2, "")
     assert err.startswith("kiln: error: teacher_not_found (HTTP 404)") and err.count("\n") == 1
+
+
+def test_a_repeated_url_registers_a_replica_set(
+    server: str, teacher_url: str, tiny_model: TinyModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serve_reference_teacher(tiny_model.path, SERVED) as second:
+        status, out, err = kiln(capsys, "teachers", "register", "--alias", "set@cli",
+                                "--provider", "vllm", "--model-id", SERVED, "--url", teacher_url,
+                                "--url", second, "--server", server)  # fmt: skip
+        assert status == 0, err
+        for index, url in enumerate((teacher_url, second)):
+            assert re.search(rf"^replica {index} +{re.escape(url)} \(verified\)$", out, re.M), out
+        status, out, _ = kiln(capsys, "teachers", "show", "set@cli", "--json", "--server", server)
+        assert [r["url"] for r in json.loads(out)["replicas"]] == [teacher_url, second]
+        assert kiln(capsys, "teachers", "delete", "set@cli", "--server", server)[0] == 0
 
 
 def test_json_list_and_server_from_the_environment(
