@@ -52,8 +52,9 @@ def test_a_validation_error_lists_every_invalid_field(live: Registry) -> None:
     err = info.value
     assert (err.status, err.code) == (400, "teacher_registration_invalid")
     message = err.server_message or ""
-    for part in ("notes", "provider is required", "model_id is required",
-                 "url (or urls, for a replica set) is required", "adapter must be null"):  # fmt: skip
+    parts = ("notes", "provider is required", "model_id is required",
+             "url (or urls, for a replica set) is required", "adapter must be null")  # fmt: skip
+    for part in parts:
         assert part in message, message
     # A body of the wrong shapes is still a 400 naming each field (schemathesis found a 500).
     odd = {"alias": "odd", "kind": "remote", "provider": {}, "model_id": ["m"], "url": 1}
