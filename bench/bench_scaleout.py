@@ -40,7 +40,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import bench_registry as reg  # noqa: E402  (bench/ is sys.path[0])
+from _harness import stamp  # noqa: E402
 
 from tests.pg_server import PostgresServer  # noqa: E402
 
@@ -226,11 +226,11 @@ def _one_arm(workdir: Path, pg: PostgresServer, model: Path, teachers: list[str]
         for proc in procs:
             proc.wait(60)
     # From the first claim: a worker process's start-up (imports) is not throughput.
-    start = min(_stamp(j["timestamps"]["claimed_at"]) for j in done)
-    end = max(_stamp(j["timestamps"]["finished_at"]) for j in done)
+    start = min(stamp(j["timestamps"]["claimed_at"]) for j in done)
+    end = max(stamp(j["timestamps"]["finished_at"]) for j in done)
     if args.verbose:
         for j in done:
-            t = {k: _stamp(v) - start for k, v in j["timestamps"].items() if v}
+            t = {k: stamp(v) - start for k, v in j["timestamps"].items() if v}
             print(f"  {len(teachers)}x{workers} {j['id'][:8]} " + " ".join(
                 f"{k.removesuffix('_at')}={v:.2f}" for k, v in sorted(t.items(), key=lambda x: x[1])
             ), flush=True)  # fmt: skip
@@ -247,10 +247,6 @@ def _finished(http: httpx.Client, job_id: str) -> dict[str, Any]:
             return job
         time.sleep(0.2)
     raise SystemExit(f"job {job_id} did not finish")
-
-
-def _stamp(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
 
 
 def jobs(args: argparse.Namespace) -> dict[str, Any]:
