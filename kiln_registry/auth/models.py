@@ -14,7 +14,7 @@ from typing import Final
 from sqlalchemy import CheckConstraint, Index, Integer, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kiln_registry.db.models import Base, utc_timestamp
+from kiln_registry.db.models import COUNTER64, Base, utc_timestamp
 
 AUDIT_OUTCOMES: Final = ("ok", "refused", "failed")
 
@@ -50,7 +50,7 @@ class AuditEventRow(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(COUNTER64, primary_key=True, autoincrement=True)
     at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
     token_name: Mapped[str | None] = mapped_column(Text)
     action: Mapped[str] = mapped_column(Text)

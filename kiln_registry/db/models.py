@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     ForeignKeyConstraint,
     Index,
@@ -61,6 +62,11 @@ def utc_timestamp() -> str:
     Fixed width, so text order is time order.
     """
     return datetime.now(UTC).strftime(TIMESTAMP_FORMAT)
+
+
+# A 64-bit counter (revision 0009): BIGINT on PostgreSQL; SQLite's INTEGER already holds 64
+# bits, and an INTEGER PRIMARY KEY must keep that spelling to stay the rowid.
+COUNTER64: Final = BigInteger().with_variant(Integer(), "sqlite")
 
 
 def in_list(column: str, values: tuple[str, ...]) -> str:
@@ -124,7 +130,7 @@ class ProbeReceiptRow(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(COUNTER64, primary_key=True, autoincrement=True)
     alias: Mapped[str] = mapped_column(Text)
     created_at: Mapped[str] = mapped_column(Text, default=utc_timestamp)
     outcome: Mapped[str] = mapped_column(Text)

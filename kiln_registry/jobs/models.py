@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kiln_registry.db.models import Base, in_list
+from kiln_registry.db.models import COUNTER64, Base, in_list
 from kiln_registry.domain.vocabulary import JobKind, JobStatus
 
 # The CHECK lists (values and order from ``domain.vocabulary``, as the migrations wrote them).
@@ -63,16 +63,16 @@ class JobRow(Base):
     source: Mapped[str] = mapped_column(Text)
     corpus_path: Mapped[str | None] = mapped_column(Text)
     corpus_sha256: Mapped[str | None] = mapped_column(Text)
-    sequence_count: Mapped[int] = mapped_column(Integer)
-    token_count: Mapped[int] = mapped_column(Integer)
+    sequence_count: Mapped[int] = mapped_column(COUNTER64)
+    token_count: Mapped[int] = mapped_column(COUNTER64)
     device: Mapped[str | None] = mapped_column(Text)
     claim_token: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[int] = mapped_column(Integer)
     attempts: Mapped[int] = mapped_column(Integer)
-    scored_count: Mapped[int] = mapped_column(Integer)
-    cache_hits: Mapped[int] = mapped_column(Integer)
-    requests_sent: Mapped[int] = mapped_column(Integer)
-    retries: Mapped[int] = mapped_column(Integer)
+    scored_count: Mapped[int] = mapped_column(COUNTER64)
+    cache_hits: Mapped[int] = mapped_column(COUNTER64)
+    requests_sent: Mapped[int] = mapped_column(COUNTER64)
+    retries: Mapped[int] = mapped_column(COUNTER64)
     created_at: Mapped[str] = mapped_column(Text)
     claimed_at: Mapped[str | None] = mapped_column(Text)
     spec_checked_at: Mapped[str | None] = mapped_column(Text)
@@ -86,7 +86,7 @@ class JobRow(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     result_path: Mapped[str | None] = mapped_column(Text)
     result_sha256: Mapped[str | None] = mapped_column(Text)
-    result_bytes: Mapped[int | None] = mapped_column(Integer)
+    result_bytes: Mapped[int | None] = mapped_column(COUNTER64)
     # Off-policy generation jobs (0005): canonical sampling settings; NULL for scoring.
     generation_json: Mapped[str | None] = mapped_column(Text)
     # Worker leases (0006): who holds the job, and until when without a renewal.
@@ -143,7 +143,7 @@ class ScoreCacheRow(Base):
     identity_digest: Mapped[str] = mapped_column(Text)
     top_k: Mapped[int] = mapped_column(Integer)
     token_sha256: Mapped[str] = mapped_column(Text)
-    row_count: Mapped[int] = mapped_column(Integer)
+    row_count: Mapped[int] = mapped_column(COUNTER64)
     topk_ids: Mapped[bytes] = mapped_column(LargeBinary)
     topk_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
     token_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
