@@ -6,6 +6,8 @@
 #   chromium: the browser tests (tests/browser) drive Debian's headless Chromium
 #             through Playwright (no browser download; Playwright's driver ships in
 #             its wheel).
+#   faketime: libfaketime, preloaded into one `kiln worker` to skew its clock
+#             (tests/scaleout/test_clock_skew.py: leases follow the database's clock).
 #   postgresql: the PostgreSQL backend tests (tests/pg_server.py runs initdb and
 #               postgres from /usr/lib/postgresql/<version>/bin, which Debian keeps
 #               off PATH).
@@ -16,6 +18,9 @@ if ! command -v mkfs.xfs >/dev/null 2>&1; then
 fi
 if ! command -v chromium >/dev/null 2>&1; then
     missing+=(chromium)
+fi
+if ! compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null; then
+    missing+=(faketime)
 fi
 if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
     missing+=(postgresql)

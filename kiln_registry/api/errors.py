@@ -4,12 +4,14 @@
 ``rule`` member is added when a named rule failed) with the status of the
 ``KilnError`` subclass, ``Retry-After`` where a retry makes sense, request
 validation errors as 400 with the endpoint's invalid-request code naming
-each bad field (never the submitted values), and anything unexpected as a
-generic 500 whose body says nothing internal (the traceback goes to the
-log, which is redacted).  As a last line of defence every rendered message
-and hint is scrubbed of the current values of the configured secret
-variables.  Imports FastAPI/Starlette, ``kiln_registry.domain`` (errors, text) and the
-credential redaction helpers only.
+each bad field (never the submitted values), a database that cannot be
+reached (restart, outage, lock timeout) as ``503 database_unavailable``
+with ``Retry-After``, and anything unexpected as a generic 500 whose body
+says nothing internal (the traceback goes to the log, which is redacted).
+As a last line of defence every rendered message and hint is scrubbed of
+the current values of the configured secret variables.  Imports
+FastAPI/Starlette, SQLAlchemy's exception types, ``kiln_registry.domain``
+(errors, text) and the credential redaction helpers only.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln_registry.credentials.redaction import redact_text
-from kiln_registry.domain.errors import KilnError
+from kiln_registry.domain.errors import DatabaseUnavailable, KilnError
 from kiln_registry.domain.text import ErrorItem, error_location, error_message, render_errors
 
 log = logging.getLogger("kiln_registry.api")
@@ -102,6 +105,16 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """The database is away or busy: 503 with Retry-After, never a 500 (issue 33 item 4)."""
+    assert isinstance(exc, DBAPIError)
+    if not isinstance(exc, OperationalError | InterfaceError) and not exc.connection_invalidated:
+        return await _unexpected(request, exc)
+    log.warning("database unavailable on %s %s (%s)", request.method, request.url.path,
+                type(exc.orig).__name__)  # fmt: skip
+    return await _kiln_error(request, DatabaseUnavailable("the registry's database is unavailable"))
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse(
@@ -114,4 +127,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(KilnError, _kiln_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -15,7 +15,10 @@ available to the code that wants it.
 The password is never part of the URL or the engine: ``do_connect`` reads
 the named environment variable just before each new connection.  A
 connection's ``lock_timeout`` bounds the wait for the write lock, as SQLite's
-busy timeout does.
+busy timeout does.  A connection left idle inside a transaction for
+``IDLE_IN_TRANSACTION_MS`` (a frozen, partitioned or wedged client; the registry
+never waits on anything inside a transaction) is ended by the server, so its
+write lock cannot stop every other replica and worker for longer than that.
 
 Imports: the standard library, SQLAlchemy, ``db.location`` and the errors.
 """
@@ -37,6 +40,7 @@ BEGIN_OPTION: Final = "kiln_sqlite_begin"
 # Any fixed 64-bit number, the same in every process: "kiln" in ASCII.
 WRITE_LOCK_KEY: Final = 0x6B696C6E
 LOCK_TIMEOUT_MS: Final = 30_000
+IDLE_IN_TRANSACTION_MS: Final = 20_000  # below LOCK_TIMEOUT_MS: waiters outlast a frozen holder
 CONNECT_TIMEOUT_S: Final = 10
 POOL_SIZE: Final = 8
 _MAX_ERROR_CHARS: Final = 300
@@ -88,7 +92,8 @@ def open_postgres(
         pool_size=POOL_SIZE,
         connect_args={
             "connect_timeout": CONNECT_TIMEOUT_S,
-            "options": f"-c lock_timeout={LOCK_TIMEOUT_MS} -c timezone=UTC",
+            "options": f"-c lock_timeout={LOCK_TIMEOUT_MS} -c timezone=UTC"
+            f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
         },
     )
 

@@ -29,7 +29,8 @@ same failure.
     ├── LocalTeacherBusy           teacher_launch_conflict                     409
     ├── JobInvalid                 job_invalid                                 400
     ├── JobNotFound                job_not_found                               404
-    └── JobConflict                job_conflict                                409
+    ├── JobConflict                job_conflict                                409
+    └── DatabaseUnavailable        database_unavailable                        503
 
 Messages never contain secrets: callers pass names of variables, never their
 values.  This module imports only the standard library.
@@ -222,3 +223,15 @@ class JobConflict(KilnError):
     status = 409
     code = "job_conflict"
     default_hint = "read the job's status with GET /v1/jobs/{id}"
+
+
+class DatabaseUnavailable(KilnError):
+    """The registry's database cannot be reached (restart, outage) or is busy past its timeout.
+
+    Nothing was changed: the request's transaction was rolled back (or never began).
+    """
+
+    status = 503
+    code = "database_unavailable"
+    retry_after = 5
+    default_hint = "the registry's database is restarting or busy; retry in a few seconds"

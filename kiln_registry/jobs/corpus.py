@@ -22,9 +22,12 @@ Layout (``kiln.teacher-scores.v1``):
   registry key's id and ``G`` the lowercase hex Ed25519 signature over
   ``jobs.signing.signed_message(S)``.
 
-``CorpusWriter`` hashes the bytes as it writes them to a hidden partial file,
-signs the digest once, appends the trailer and publishes the file atomically
-(fsync, rename, fsync of the directory); ``discard`` removes it.  Reading and
+``CorpusWriter`` hashes the bytes as it writes them to a hidden partial file
+named for the writer's claim (``.<name>.<tag>.partial``, so two workers that
+both believe they hold a job never share a file), signs the digest once and
+appends the trailer (``seal``: fsync, close); ``publish`` renames it over the
+final name and fsyncs the directory, and the caller runs it inside the
+transaction that proves the claim still holds; ``discard`` removes it.  Reading and
 verifying a corpus is ``jobs.corpus_verify``.
 
 Imports: standard library, numpy, orjson, ``identity.document`` and
@@ -106,13 +109,31 @@ def encode_row(
     return prefix + orjson.dumps(tail, option=_NUMPY | orjson.OPT_APPEND_NEWLINE)[1:]
 
 
-class CorpusWriter:
-    """Streams a corpus into ``.<name>.partial`` beside ``final``, signs and publishes it."""
+LOCAL_TAG: Final = "local"  # a writer outside any job claim (tools, tests)
 
-    def __init__(self, final: Path, ctx: RowContext, signer: CorpusSigner) -> None:
+
+def partial_path(final: Path, tag: str, suffix: str = "") -> Path:
+    """Where the writer holding claim ``tag`` builds ``final`` (+ ``suffix``): hidden, beside it."""
+    return final.with_name(f".{final.name}{suffix}.{tag}.partial")
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CorpusWriter:
+    """Streams a corpus into its claim's partial file beside ``final``; seals and publishes it."""
+
+    def __init__(
+        self, final: Path, ctx: RowContext, signer: CorpusSigner, *, tag: str = LOCAL_TAG
+    ) -> None:
         self.final = final
         self.signer = signer
-        self.partial = final.with_name(f".{final.name}.partial")
+        self.partial = partial_path(final, tag)
         self.ctx = ctx
         self._prefix = ctx.prefix()
         self.sha256 = hashlib.sha256()
@@ -139,10 +160,10 @@ class CorpusWriter:
         """Append one row; ``sha256`` of the ids when the caller already has it."""
         self._write(encode_row(self._prefix, seq_id, tokens, scored, sha256))
 
-    def commit(self) -> tuple[str, int]:
-        """Append the signed trailer, fsync, rename over ``final``, fsync the directory.
+    def seal(self) -> tuple[str, int]:
+        """Append the signed trailer, fsync and close the partial file.
 
-        Returns the SHA-256 and size of the whole published file (trailer included).
+        Returns the SHA-256 and size of the whole file (trailer included).
         """
         assert self._file is not None, "the corpus writer is closed"
         body = self.sha256.hexdigest()
@@ -152,22 +173,23 @@ class CorpusWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        os.replace(self.partial, self.final)
-        dir_fd = os.open(self.final.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
         return self.sha256.hexdigest(), self.bytes
 
-    def discard(self, *, unlink: bool = True) -> None:
-        """Drop the partial file (uncommitted results never become a corpus).
+    def publish(self) -> None:
+        """Rename the sealed file over ``final`` and fsync the directory."""
+        assert self._file is None, "seal the corpus before publishing it"
+        os.replace(self.partial, self.final)
+        fsync_dir(self.final.parent)
 
-        ``unlink=False`` only closes it: the job's lease was lost, the worker that requeued
-        the job removed this path, and a new holder may already write a new file there.
-        """
+    def commit(self) -> tuple[str, int]:
+        """``seal`` then ``publish``, for a writer with no claim to prove."""
+        digest = self.seal()
+        self.publish()
+        return digest
+
+    def discard(self) -> None:
+        """Drop this claim's partial file (uncommitted results never become a corpus)."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        if unlink:
-            self.partial.unlink(missing_ok=True)
+        self.partial.unlink(missing_ok=True)

@@ -52,7 +52,7 @@ class GenerationPipeline(OrderedPipeline[PromptItem, Generated, ExampleWriter]):
     def _open_writer(self, final: Path) -> ExampleWriter:
         signer = self.claimed.env.signer
         assert signer is not None, "JobWorkers.start loads the corpus-signing key"
-        return ExampleWriter(final, self.claimed.identity, signer)
+        return ExampleWriter(final, self.claimed.identity, signer, tag=self.claim_tag)
 
     def _rows(self, session: Session, after: int) -> list[PromptItem]:
         return out.prompt_page(session, self.claimed.job.id, after=after, limit=PAGE_SIZE)

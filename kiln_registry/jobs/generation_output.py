@@ -17,7 +17,8 @@ Kiln parses every non-manifest line as an example, so the signature cannot
 be a trailer line here: it is the same ``kiln.corpus-trailer.v1`` line a
 scoring corpus ends with, covering the SHA-256 of the whole ``.jsonl``,
 written to ``<corpus>.jsonl.sig`` beside it (published first, then the
-corpus; both atomically).
+corpus; both atomically, from partial files named for the writer's claim, inside
+the transaction that proves the claim still holds, as ``jobs.corpus`` does).
 
 The cache: ``generation_cache`` rows keyed by (identity digest, settings
 SHA-256, prompt ids SHA-256) hold a verified ``Generated`` as JSON; only
@@ -48,7 +49,7 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.jobs.cache import LOOKUP_CHUNK
-from kiln_registry.jobs.corpus import trailer_line
+from kiln_registry.jobs.corpus import LOCAL_TAG, fsync_dir, partial_path, trailer_line
 from kiln_registry.jobs.generation_sources import GenerationSettings
 from kiln_registry.jobs.generation_wire import Generated
 from kiln_registry.jobs.models import GenerationCacheRow
@@ -129,29 +130,22 @@ def encode_example(
     return orjson.dumps(example, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _publish(partial: Path, final: Path, handle: BinaryIO) -> None:
+def _seal(handle: BinaryIO) -> None:
     handle.flush()
     os.fsync(handle.fileno())
     handle.close()
-    os.replace(partial, final)
 
 
 class ExampleWriter:
-    """Streams a generation corpus into ``.<name>.partial``; signs it detached and publishes."""
+    """Streams a generation corpus into its claim's partial file; signs it detached."""
 
-    def __init__(self, final: Path, identity: TeacherIdentity, signer: CorpusSigner) -> None:
+    def __init__(
+        self, final: Path, identity: TeacherIdentity, signer: CorpusSigner, *, tag: str = LOCAL_TAG
+    ) -> None:
         self.final = final
         self.signer = signer
-        self.partial = final.with_name(f".{final.name}.partial")
-        self.sig_partial = final.with_name(f".{final.name}{SIGNATURE_SUFFIX}.partial")
+        self.partial = partial_path(final, tag)
+        self.sig_partial = partial_path(final, tag, SIGNATURE_SUFFIX)
         self.sha256 = hashlib.sha256()
         self.bytes = 0
         fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -164,28 +158,39 @@ class ExampleWriter:
         self.sha256.update(line)
         self.bytes += len(line)
 
-    def commit(self) -> tuple[str, int]:
-        """Sign the digest, publish ``<final>.sig`` then ``final``; the corpus SHA-256 and size."""
+    def seal(self) -> tuple[str, int]:
+        """Sign the digest into the signature's partial file; fsync both; SHA-256 and size."""
         assert self._file is not None, "the corpus writer is closed"
         digest = self.sha256.hexdigest()
         line = trailer_line(digest, self.signer.public.key_id, self.signer.sign(digest).hex())
         fd = os.open(self.sig_partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as sig:
             sig.write(line)
-            _publish(self.sig_partial, signature_path(self.final), sig)
-        _publish(self.partial, self.final, self._file)
+            _seal(sig)
+        _seal(self._file)
         self._file = None
-        _fsync_dir(self.final.parent)
         return digest, self.bytes
 
-    def discard(self, *, unlink: bool = True) -> None:
-        """Close; remove the partial files unless the lease was lost (see ``CorpusWriter``)."""
+    def publish(self) -> None:
+        """Rename ``<final>.sig`` then ``final`` into place; fsync the directory."""
+        assert self._file is None, "seal the corpus before publishing it"
+        os.replace(self.sig_partial, signature_path(self.final))
+        os.replace(self.partial, self.final)
+        fsync_dir(self.final.parent)
+
+    def commit(self) -> tuple[str, int]:
+        """``seal`` then ``publish``, for a writer with no claim to prove."""
+        digest = self.seal()
+        self.publish()
+        return digest
+
+    def discard(self) -> None:
+        """Close; remove this claim's partial files."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        if unlink:
-            self.partial.unlink(missing_ok=True)
-            self.sig_partial.unlink(missing_ok=True)
+        self.partial.unlink(missing_ok=True)
+        self.sig_partial.unlink(missing_ok=True)
 
 
 # -- the generation cache --------------------------------------------------------

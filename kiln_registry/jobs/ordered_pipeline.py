@@ -10,9 +10,12 @@ Verified results are committed to the cache in small batches together with
 the progress counters (and the durable cancel flag is read back then).  When
 any answer fails, every outstanding request is cancelled, the unflushed batch
 is dropped and the partial corpus deleted by the caller (``discard``).  The
-corpus is signed and published atomically before the job is marked
-``succeeded``.  A subclass says how rows are read, requested, cached and
-written.
+corpus is built in a partial file named for this claim (``claim_tag``), sealed
+(signed, fsynced), and renamed into place inside the one transaction that
+marks the job ``succeeded`` only if this worker's claim still holds: a worker
+whose lease was taken over (frozen, partitioned) never publishes over the new
+holder's corpus, and the job's result is recorded exactly once.  A subclass
+says how rows are read, requested, cached and written.
 
 Imports: standard library, ``kiln_registry.db`` and ``jobs``.
 """
@@ -20,6 +23,7 @@ Imports: standard library, ``kiln_registry.db`` and ``jobs``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import deque
@@ -53,9 +57,11 @@ class Writer(Protocol):
     @property
     def final(self) -> Path: ...
 
-    def commit(self) -> tuple[str, int]: ...
+    def seal(self) -> tuple[str, int]: ...
 
-    def discard(self, *, unlink: bool = True) -> None: ...
+    def publish(self) -> None: ...
+
+    def discard(self) -> None: ...
 
 
 RowT = TypeVar("RowT", bound=Row)
@@ -117,10 +123,15 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
 
     # -- the loop -----------------------------------------------------------
 
-    def discard(self, *, unlink: bool = True) -> None:
-        """Drop the partial corpus (only close it when the lease was lost) and the results."""
+    @property
+    def claim_tag(self) -> str:
+        """Names this claim's partial files: two holders of one job never share a file."""
+        return hashlib.sha256(self.claimed.token.encode("utf-8")).hexdigest()[:16]
+
+    def discard(self) -> None:
+        """Drop this claim's partial corpus and the uncommitted results."""
         if self.writer is not None:
-            self.writer.discard(unlink=unlink)
+            self.writer.discard()
             self.writer = None
         self.pending.clear()
 
@@ -218,25 +229,32 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
 
     async def _publish(self) -> None:
         self.claimed.check_cancel()
-        self.claimed.check_lease()  # no rename over a path a new holder may write
+        self.claimed.check_lease()
         assert self.writer is not None
-        sha, size = await asyncio.to_thread(self.writer.commit)
-        path = str(self.writer.final)
+        sha, size = await asyncio.to_thread(self.writer.seal)
+        await asyncio.to_thread(self._succeed, self.writer, sha, size)
         self.writer = None
-        await asyncio.to_thread(self._succeed, path, sha, size)
 
-    def _succeed(self, path: str, sha: str, size: int) -> None:
+    def _succeed(self, writer: WriterT, sha: str, size: int) -> None:
+        """Record the result and rename it into place in one transaction, if still ours.
+
+        The conditional update runs under the database's write lock, so no other worker
+        can take the job over between the proof and the rename; a failed commit leaves a
+        file nobody's row points at, which the job's next holder renames over.
+        """
         claimed = self.claimed
         with unit_of_work(claimed.env.sessions) as session:
             if self.use_cache:
                 self._store(session, list(self.pending))
             done = JobRepository(session).finish(
-                claimed.job.id, claimed.token, JobStatus.succeeded.value, result_path=path,
-                result_sha256=sha, result_bytes=size, **claimed.progress.counters(),
+                claimed.job.id, claimed.token, JobStatus.succeeded.value,
+                result_path=str(writer.final), result_sha256=sha, result_bytes=size,
+                **claimed.progress.counters(),
             )  # fmt: skip
             if not done:
                 raise ClaimLost(claimed.job.id)
             DeviceLeases(session, claimed.devices).release(claimed.job.id, claimed.token)
+            writer.publish()
         self.pending.clear()
         total = claimed.progress.scored + claimed.progress.cache_hits
         log.info("job %s succeeded: %d %s, %d from the cache", claimed.job.id, total,

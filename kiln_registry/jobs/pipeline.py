@@ -59,7 +59,7 @@ class ScoringPipeline(OrderedPipeline[SequenceItem, ScoredSequence, CorpusWriter
         ctx = RowContext(job.id, job.teacher_alias, self.claimed.identity, job.top_k)
         signer = self.claimed.env.signer
         assert signer is not None, "JobWorkers.start loads the corpus-signing key"
-        return CorpusWriter(final, ctx, signer)
+        return CorpusWriter(final, ctx, signer, tag=self.claim_tag)
 
     def _rows(self, session: Session, after: int) -> list[SequenceItem]:
         return JobRepository(session).sequences(self.claimed.job.id, after=after, limit=PAGE_SIZE)

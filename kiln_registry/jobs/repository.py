@@ -53,9 +53,29 @@ _NO_LEASE: Final = {"claim_token": None, "lease_owner": None, "lease_expires_at"
 DEFAULT_LEASE_TIMEOUT_S: Final = 30.0
 
 
+# PostgreSQL's spelling of TIMESTAMP_FORMAT (fixed width, microseconds, "Z").
+_PG_TIMESTAMP_FORMAT: Final = 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'
+
+
 def lease_expiry(timeout_s: float) -> str:
-    """The timestamp ``timeout_s`` from now, in the format of every stored timestamp."""
+    """The timestamp ``timeout_s`` from now on this host's clock, in the stored format."""
     return (datetime.now(UTC) + timedelta(seconds=timeout_s)).strftime(TIMESTAMP_FORMAT)
+
+
+def database_time(session: Session, plus_s: float = 0.0) -> ColumnElement[str] | str:
+    """Now plus ``plus_s`` on the database's clock, in the stored timestamp format.
+
+    Leases are decided on one clock, whichever host asks: PostgreSQL's statement time
+    when the registry is shared by several hosts; a SQLite file is only ever opened on
+    one host, whose clock is the database's.  A worker whose clock is skewed therefore
+    neither steals a live lease nor keeps a dead one.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        return lease_expiry(plus_s)
+    moment: ColumnElement[Any] = func.timezone("UTC", func.statement_timestamp())
+    if plus_s:
+        moment = moment + func.make_interval(0, 0, 0, 0, 0, 0, float(plus_s))
+    return func.to_char(moment, _PG_TIMESTAMP_FORMAT)
 
 
 class SequenceItem(NamedTuple):
@@ -196,7 +216,7 @@ class JobRepository:
                 status=JobStatus.probing,
                 claim_token=token,
                 lease_owner=owner,
-                lease_expires_at=lease_expiry(timeout_s),
+                lease_expires_at=database_time(self._session, timeout_s),
                 claimed_at=now,
                 updated_at=now,
                 attempts=JobRow.attempts + 1,
@@ -212,7 +232,7 @@ class JobRepository:
         stmt = (
             update(JobRow)
             .where(*_held(job_id, token))
-            .values(lease_expires_at=lease_expiry(timeout_s))
+            .values(lease_expires_at=database_time(self._session, timeout_s))
             .returning(JobRow.cancel_requested)
             .execution_options(synchronize_session=False)
         )
@@ -269,9 +289,10 @@ class JobRepository:
     def requeue_expired(self) -> list[str]:
         """Active jobs whose lease ran out go back to ``queued`` (or ``cancelled`` if asked).
 
-        A job without a lease (claimed before revision 0006) counts as expired.
+        A job without a lease (claimed before revision 0006) counts as expired.  Expiry is
+        judged on the database's clock (``database_time``).
         """
-        now = utc_timestamp()
+        now = database_time(self._session)
         expired = JobRow.status.in_(ACTIVE_JOB_STATUSES) & (
             JobRow.lease_expires_at.is_(None) | (JobRow.lease_expires_at < now)
         )

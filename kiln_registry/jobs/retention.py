@@ -14,7 +14,10 @@ when the job row still exists and removes otherwise.
 
 ``sweep_expired`` deletes finished jobs whose end is older than
 ``[jobs] retain_days`` days, in bounded batches; ``JobWorkers`` runs it at
-start and then every ``SWEEP_INTERVAL_S``.  The score cache is shared by
+start and then every ``SWEEP_INTERVAL_S``.  Several workers may sweep the same
+jobs at once: each delete is one transaction under the write lock, so a job
+and its files go exactly once, and a job another sweep took first is skipped
+silently.  The score cache is shared by
 identity and is not touched (``kiln cache prune`` owns it).
 
 Call these from a worker thread.  Imports: standard library, SQLAlchemy,
@@ -37,7 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.domain.errors import KilnError
+from kiln_registry.domain.errors import JobNotFound, KilnError
 from kiln_registry.jobs.generation_output import signature_path
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.service import result_dir
@@ -152,6 +155,8 @@ def sweep_expired(config: KilnConfig, sessions: sessionmaker[Session]) -> int:
         for job_id, _path in batch:
             try:
                 delete_job(sessions, job_id)
+            except JobNotFound:  # another worker's sweep deleted it first: nothing to do
+                continue
             except (KilnError, OSError, SQLAlchemyError) as exc:  # the next sweep retries
                 log.warning("retention: job %s not deleted (%s)", job_id, type(exc).__name__)
                 continue

@@ -89,15 +89,16 @@ class JobRun:
             )
             log.info("job %s cancelled", self.job.id)
         except ClaimLost:
-            self._discard(unlink=False)
-            log.warning("job %s: claim lost; stopped without changing it", self.job.id)
+            self._discard()
+            log.warning("job %s: claim lost (lease expired and taken over); stopped at a fenced"
+                        " write without changing the job or its result", self.job.id)  # fmt: skip
         except KilnError as exc:
             self._discard()
             log.info("job %s failed: %s", self.job.id, exc)
             await asyncio.to_thread(claimed.fail, exc.code, exc.rule, exc.message)
         except asyncio.CancelledError:
             if claimed.lost:  # the heartbeat found the lease taken over: write nothing more
-                self._discard(unlink=False)
+                self._discard()
                 raise
             self._discard()
             await asyncio.to_thread(claimed.requeue)
@@ -107,9 +108,9 @@ class JobRun:
             self._discard()
             await asyncio.to_thread(claimed.fail, "internal_error", None, "internal error")
 
-    def _discard(self, *, unlink: bool = True) -> None:
+    def _discard(self) -> None:
         if self.pipeline is not None:
-            self.pipeline.discard(unlink=unlink)
+            self.pipeline.discard()
 
     async def _phases(self) -> None:
         while True:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -51,6 +52,7 @@ from kiln_registry.jobs.state import ClaimedJob, JobEnvironment
 log = logging.getLogger("kiln_registry.jobs")
 
 IDLE_POLL_S: Final = 1.0
+MAX_STALE_PARTIALS: Final = 64  # partial files removed per requeued job
 ERROR_BACKOFF_S: Final = 2.0
 
 
@@ -77,8 +79,10 @@ class JobWorkers:
             DeviceLeases(session, self.env.config.jobs.devices).release_orphans()
         root = result_dir(self.env.config)
         for job_id in requeued:
-            (root / f".{job_id}.jsonl.partial").unlink(missing_ok=True)
-            (root / f".{job_id}.jsonl.sig.partial").unlink(missing_ok=True)  # generation jobs
+            # Every claim's partial files (corpus and, for generation jobs, its signature).
+            stale = itertools.islice(root.glob(f".{job_id}.jsonl*.partial"), MAX_STALE_PARTIALS)
+            for path in stale:
+                path.unlink(missing_ok=True)
         if requeued:
             log.info("requeued %d job(s) whose lease expired: %s", len(requeued),
                      ", ".join(requeued))  # fmt: skip
