@@ -14,7 +14,7 @@ probe bounds its allocation by the smaller of the budget and what the request
 can produce instead of refusing the identity.
 
 Kiln's *launcher* is stricter: ``build_identity`` in ``scripts/vllm_teacher.py``
-(the newest stored version) refuses a budget above ``min(1_000_000,
+(commit f1b710f8) refuses a budget above ``min(1_000_000,
 max_model_len * min(max_top_k + 1, vocab_size))``, so ``kiln-teacher`` (and
 ``kiln fingerprint ... --launcher-strict``) refuses (8, 8, 4096, 65536), an
 identity the server's ``validate()`` accepts.
