@@ -32,20 +32,24 @@ from itertools import accumulate
 from kiln_registry.domain.errors import ProbeFailed
 
 MAX_NESTING = 128
-# A JSON string (escapes included), and an escaped backslash or a surrogate
-# escape: a high one with its low partner (a valid pair), or either alone.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # one escape: in valid JSON, backslash + one byte
+_ANY_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+# An escaped backslash or a surrogate escape: a high one with its low partner
+# (a valid pair), or either alone.
 _SURROGATE = re.compile(
     rb"\\\\"
     rb"|(\\u[dD][89abAB][0-9a-fA-F]{2})(\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
     rb"|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 )
 # Literals whose Python reading differs from serde_json's: an integer -0, and
-# any number that may lie outside the float64 range (200+ integer digits or a
-# positive exponent of 100 or more).  Strings can match too; that only costs
-# a second, exact pass.
-_SUSPECT_NUMBER = re.compile(rb"-0(?![.eE0-9])|[0-9]{200}|[0-9][eE]\+?0*[1-9][0-9]{2}")
-_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+# any number that may lie outside the float64 range (200+ digits in a row, or
+# an exponent of three or more digits).  They are looked for with every digit
+# read as "0" and "E" as "e"; strings can match too, which only costs the
+# exact pass (``number_hooks``).
+_NUMBER_SHAPE = bytes.maketrans(b"0123456789E", b"0000000000e")
+_MINUS_ZERO = re.compile(rb"-0(?![0.e])")
+_LONG_DIGITS = b"0" * 200
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{}')
 _DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 
@@ -54,6 +58,8 @@ def _fail(rule: str, message: str) -> ProbeFailed:
 
 
 def _check_surrogates(body: bytes, what: str) -> None:
+    if _ANY_SURROGATE.search(body) is None:
+        return
     for match in _SURROGATE.finditer(body):
         high, low = match.group(1), match.group(2)
         if match.group() == b"\\\\" or (high is not None and low is not None):
@@ -69,9 +75,11 @@ def _depth_reaches(body: bytes, limit: int) -> bool:
     """Whether arrays/objects nest ``limit`` deep (``body`` is JSON ``json`` accepted)."""
     if body.count(b"[") + body.count(b"{") < limit:
         return False
-    structure = _STRING.sub(b"", body) if b'"' in body else body
-    brackets = structure.translate(_DEPTH_STEP, _BRACKETS)
-    return max(accumulate(array("b", brackets)), default=0) >= limit
+    text = _ESCAPE.sub(b"", body) if b"\\" in body else body  # no quote is escaped now
+    structure = text.translate(None, _NOT_STRUCTURE)  # quotes and brackets
+    outside = b"".join(structure.split(b'"')[::2])  # even pieces lie outside strings
+    steps = outside.translate(_DEPTH_STEP)
+    return max(accumulate(array("b", steps)), default=0) >= limit
 
 
 def check_text(body: bytes, what: str) -> None:
@@ -88,7 +96,13 @@ def check_text(body: bytes, what: str) -> None:
 
 def suspect_numbers(body: bytes) -> bool:
     """Whether ``body`` may hold an integer ``-0`` or a number outside the float64 range."""
-    return _SUSPECT_NUMBER.search(body) is not None
+    shape = body.translate(_NUMBER_SHAPE)
+    return (
+        b"e000" in shape
+        or b"e+000" in shape
+        or _LONG_DIGITS in shape
+        or _MINUS_ZERO.search(shape) is not None
+    )
 
 
 def _out_of_range(text: str, what: str) -> ProbeFailed:
