@@ -34,6 +34,7 @@ from kiln_registry.api.wire import Count as Count
 from kiln_registry.api.wire import Sha256Hex as Sha256Hex
 from kiln_registry.api.wire import Sha256Ref as Sha256Ref
 from kiln_registry.api.wire import WireModel as WireModel
+from kiln_registry.credentials.origin import trim_url
 from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS, alias_problem
 from kiln_registry.domain.limits import MAX_NOTES_CHARS, MAX_REPLICA_URLS, MAX_TEXT_CHARS
 from kiln_registry.domain.vocabulary import TeacherKind as TeacherKind
@@ -114,7 +115,11 @@ class RegisterTeacherRequest(BaseModel):
         default=None,
         description="Served model id (remote, fixture); ignored for kind `local` (as in Kiln).",
     )
-    url: str | None = Field(default=None, description="Teacher base URL (remote only).")
+    url: str | None = Field(
+        default=None,
+        description="Teacher base URL (remote only); surrounding white space is trimmed, as Kiln"
+        " trims it.",
+    )
     urls: tuple[str, ...] | None = Field(
         default=None,
         max_length=MAX_REPLICA_URLS,
@@ -152,6 +157,19 @@ class RegisterTeacherRequest(BaseModel):
         problem = alias_problem(value) if isinstance(value, str) else None
         if problem is not None:
             raise ValueError(problem)
+        return value
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _trim_url(cls, value: Any) -> Any:
+        """Kiln parses ``url.trim()``: surrounding white space is not part of the URL."""
+        return trim_url(value) if isinstance(value, str) else value
+
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _trim_urls(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [trim_url(url) if isinstance(url, str) else url for url in value]
         return value
 
     @field_validator("model_id", "url", "credential_id", "adapter", "launch_profile")

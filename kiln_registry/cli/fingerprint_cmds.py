@@ -63,7 +63,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " verify a fingerprint and print the identity it carries.",
     )
     actions = group.add_subparsers(dest="fingerprint_command", required=True)
-    strict_help = "also apply the launcher's rules (model id pattern, vllm:<version> >= 0.20.1)"
+    strict_help = (
+        "also apply the launcher's rules (candidates <= max_model_len * row width,"
+        " model id pattern, vllm:<version> >= 0.20.1)"
+    )
 
     encode = actions.add_parser(
         "encode", help="print the fingerprint of an identity JSON file (14 keys)"

@@ -13,8 +13,10 @@ Both follow Kiln (``crates/kiln-server/src/config.rs``
 only to a Kiln loopback host, which is ``localhost`` or an IPv4 address in
 127.0.0.0/8.  Kiln compares the URL's bracketed host text, so ``[::1]`` is
 not loopback there and is not here either (``kiln_loopback_host``);
-``is_loopback_host`` keeps the wider meaning for the server's own bind
-address.
+``is_loopback_host`` keeps a wider meaning (any 127.0.0.0/8 address, ``::1``);
+``kiln_loopback_bind_host`` is Kiln's exact list for the server's own bind
+host.  A teacher URL's surrounding white space is trimmed (``trim_url``), as
+Kiln trims it.
 
 Neither function resolves names, opens sockets or reads the environment.  Error messages
 never echo a whole URL, because its userinfo or query could hold a secret.
@@ -46,6 +48,18 @@ _PATH_RE = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/-]*")
 _DELIMITERS = "/?#\\"
 
 _Fail = Callable[[str, str], NoReturn]
+# Rust's ``str::trim`` (Unicode White_Space), which Kiln applies to a teacher URL.
+RUST_WHITE_SPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+# Kiln's ``bind_host_is_loopback`` (api/terminal.rs): the exact host texts it counts.
+KILN_LOOPBACK_BIND_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def trim_url(url: str) -> str:
+    """``url`` without surrounding white space, as Kiln's ``url.trim()`` leaves it."""
+    return url.strip(RUST_WHITE_SPACE)
 
 
 def _origin_fail(rule: str, message: str) -> NoReturn:
@@ -74,7 +88,7 @@ class _RawUrl:
 
 @dataclass(frozen=True, slots=True)
 class TeacherEndpoint:
-    """Where a teacher is reached; ``url`` is kept exactly as given.
+    """Where a teacher is reached; ``url`` is kept as given, surrounding white space trimmed.
 
     ``host`` is the canonical host without IPv6 brackets, ``port`` the
     effective port (the scheme's default when none was written) and
@@ -268,10 +282,12 @@ def _completions_path(path: str) -> str:
 def parse_teacher_url(url: str) -> TeacherEndpoint:
     """Parse a teacher URL and derive its completions endpoint.
 
+    Surrounding white space is trimmed first (Kiln: ``Url::parse(url.trim())``).
     Scheme and host case and the scheme's default port are normalised into
     ``origin``; userinfo, query, fragment, odd paths and ``http`` to a
     non-loopback host are refused (``RegistrationInvalid``, rule ``url.*``).
     """
+    url = trim_url(url)
     raw = _split_url(url, _url_fail, MAX_URL_LENGTH)
     scheme = raw.scheme.lower()
     if scheme not in DEFAULT_PORTS:
@@ -311,6 +327,15 @@ def kiln_loopback_host(host: str) -> bool:
         return ipaddress.IPv4Address(host) in ipaddress.IPv4Network("127.0.0.0/8")
     except ValueError:
         return False
+
+
+def kiln_loopback_bind_host(host: str) -> bool:
+    """Whether Kiln counts a server bound to ``host`` as loopback-only.
+
+    Exactly ``127.0.0.1``, ``localhost``, ``::1`` or ``[::1]`` (Kiln's
+    ``bind_host_is_loopback``): ``127.0.0.2`` or ``LOCALHOST`` are not.
+    """
+    return host in KILN_LOOPBACK_BIND_HOSTS
 
 
 def is_loopback_host(host: str) -> bool:

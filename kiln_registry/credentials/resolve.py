@@ -3,7 +3,8 @@
 The rule: with a ``credential_id`` the teacher URL's canonical origin must
 equal that credential's configured origin exactly, and the credential's
 variable must be usable now; without one, the URL must be an exact loopback
-URL and the registry server itself must be bound to loopback.  The result
+URL and the registry server itself must be bound to a host Kiln counts as
+loopback (``127.0.0.1``, ``localhost``, ``::1``).  The result
 carries a ``SecretHandle`` (a variable name), never a secret value.
 
 Imports: standard library, ``kiln_registry.domain`` (errors, text) and the sibling
@@ -18,7 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from kiln_registry.credentials.origin import TeacherEndpoint, is_loopback_host, parse_teacher_url
+from kiln_registry.credentials.origin import (
+    TeacherEndpoint,
+    kiln_loopback_bind_host,
+    parse_teacher_url,
+)
 from kiln_registry.credentials.secrets import SecretHandle
 from kiln_registry.domain.errors import CredentialError, RegistrationInvalid
 from kiln_registry.domain.text import shown
@@ -76,12 +81,13 @@ def _check_credential_free(endpoint: TeacherEndpoint, server_host: str) -> None:
             rule="credential.loopback_url_required",
             hint="configure [teachers.credentials.<id>] and pass credential_id for this teacher",
         )
-    if not is_loopback_host(server_host):
+    if not kiln_loopback_bind_host(server_host):
         raise RegistrationInvalid(
-            f"the server is bound to {server_host}; credential-free teachers need a "
-            "loopback-bound server",
+            f"the server is bound to {server_host}; credential-free teachers need a server"
+            " bound to 127.0.0.1, localhost or ::1 (the hosts Kiln counts as loopback)",
             rule="credential.loopback_server_required",
-            hint="bind [server] host to 127.0.0.1, or register with a credential_id",
+            hint="bind [server] host to 127.0.0.1, localhost or ::1, or register with a"
+            " credential_id",
         )
 
 

@@ -19,6 +19,7 @@ same failure.
     ├── CredentialError            a credential could not be resolved          400
     │                              (code teacher_registration_invalid, as Kiln)
     ├── RegistrationInvalid        teacher_registration_invalid                400
+    │   └── InvalidAdapterName     invalid_adapter_name (Kiln's adapters.rs)    400
     ├── ProbeFailed                teacher_identity_probe_failed               502
     ├── ProbeBusy                  teacher_identity_probe_busy                 503
     ├── IdentityMismatch           teacher_identity_mismatch                   409
@@ -122,6 +123,15 @@ class RegistrationInvalid(KilnError):
     default_hint = (
         "a remote registration takes alias, kind=remote, provider=vllm, model_id, url and"
         " optionally a configured credential_id; identity and capabilities come from the probes"
+    )
+
+
+class InvalidAdapterName(RegistrationInvalid):
+    """An adapter name that is not one directory name (Kiln's ``validate_adapter_name``)."""
+
+    code = "invalid_adapter_name"
+    default_hint = (
+        "Adapter names must be a single path segment: no '/', '\\', or '..', and not absolute."
     )
 
 

@@ -7,11 +7,15 @@ Owns the arithmetic that ties ``max_prompt_logprob_candidates`` to
     row_width = min(max_top_k + 1, vocab_size)
     row_width <= candidates <= 1_000_000
 
-Kiln does not relate the budget to ``max_model_len``, so neither does the
-identity here: a budget above ``max_model_len * row_width`` is valid, and a
-response is simply bounded by the smaller of the two (``allocation_bound``).
+The server's ``validate()`` does not relate the budget to ``max_model_len``,
+so neither does the identity here: a budget above ``max_model_len *
+row_width`` is a valid identity, and a response is simply bounded by the
+smaller of the two (``allocation_bound``).  Kiln's launcher is stricter: its
+``build_identity`` (``scripts/vllm_teacher.py``) refuses a budget above
+``max_model_len * row_width``, and so does this project's launcher
+(``check_launcher_budget``, applied with ``launcher_strict``).
 ``default_max_candidates`` (the value a launch uses when the option is
-omitted) stays ``min(1_000_000, max_model_len * row_width)``.  A row may hold
+omitted) is ``min(1_000_000, max_model_len * row_width)``.  A row may hold
 ``max_top_k + 1`` candidates because vLLM can return the observed token beside
 the requested top-K.  Refusals are ``IdentityError`` with
 ``rule="bounds.<name>"``.  Imports: standard library and
@@ -81,6 +85,27 @@ def validate_max_candidates(
             rule="bounds.above_max",
         )
     return value
+
+
+def check_launcher_budget(
+    value: int, *, max_top_k: int, vocab_size: int, max_model_len: int
+) -> None:
+    """Refuse a budget above ``max_model_len * row_width``, as Kiln's launcher does.
+
+    Kiln's ``build_identity`` accepts ``row_width <= value <= min(1_000_000,
+    max_model_len * row_width)``; ``validate_max_candidates`` checks the rest.
+    """
+    width = row_width(max_top_k, vocab_size)
+    ceiling = _positive(max_model_len, "max_model_len") * width
+    if value > ceiling:
+        raise IdentityError(
+            f"max_prompt_logprob_candidates {value} exceeds max_model_len * min(max_top_k + 1,"
+            f" vocab_size) = {max_model_len} * {width} = {ceiling}: no response can carry more"
+            " (Kiln's launcher refuses it)",
+            rule="bounds.above_model_len",
+            hint=f"omit the option (default {min(MAX_CANDIDATES, ceiling)}) or give at most"
+            f" {ceiling}",
+        )
 
 
 def allocation_bound(max_candidates: int, *, prompt_len: int, k: int, vocab_size: int) -> int:

@@ -2,7 +2,8 @@
 
 Owns the 14-key identity, its value rules, its canonical bytes ``J``, its
 digest and revision, its strict reader (``from_canonical_json``), the one
-sameness check (``same_identity``), and the launcher's stricter rules (served-model-id
+sameness check (``same_identity``), and the launcher's stricter rules (the
+candidate budget at most ``max_model_len * row_width``, served-model-id
 pattern, adapter name, ``vllm:<version>`` with a release >= 0.20.1 read as
 Kiln's launcher reads it: ``0.20.1rc0``, ``0.20.1a0``, ``0.20.1.dev5+g...``
 and ``0.20.1-custom`` all count as 0.20.1).  A
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from kiln_registry.domain.errors import IdentityError
 from kiln_registry.domain.limits import MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
-from kiln_registry.identity.bounds import validate_max_candidates
+from kiln_registry.identity.bounds import check_launcher_budget, validate_max_candidates
 from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.fingerprint_text import fingerprint_of_canonical
 from kiln_registry.identity.strict_read import DuplicateKeyError, loads_strict
@@ -292,6 +293,12 @@ def _validate_values(identity: TeacherIdentity) -> None:
 
 
 def _validate_launcher_strict(identity: TeacherIdentity) -> None:
+    check_launcher_budget(
+        identity.max_prompt_logprob_candidates,
+        max_top_k=identity.max_top_k,
+        vocab_size=identity.vocab_size,
+        max_model_len=identity.max_model_len,
+    )
     if _SERVED_MODEL_ID.fullmatch(identity.served_model_id) is None:
         raise IdentityError(
             f"served_model_id {show(identity.served_model_id)} does not match"

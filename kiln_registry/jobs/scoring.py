@@ -124,7 +124,7 @@ Hooks = tuple[Callable[[], None], Callable[[], None]]  # (on_request, on_retry)
 async def send_with_retries(
     target: Endpoint, payload: dict[str, object], limit: int, what: str, hooks: Hooks
 ) -> Exchange:
-    """A 200 answer to ``payload``, retrying connection failures and 503 with backoff."""
+    """A 2xx answer to ``payload``, retrying connection failures and 503 with backoff."""
     on_request, on_retry = hooks
     for attempt in range(MAX_ATTEMPTS):
         last = attempt == MAX_ATTEMPTS - 1
@@ -137,7 +137,7 @@ async def send_with_retries(
             if exc.rule not in RETRYABLE_RULES or last:
                 raise
         else:
-            if answer.status == 200:
+            if 200 <= answer.status < 300:  # any 2xx, as Kiln's is_success()
                 return answer
             if answer.status != RETRYABLE_STATUS or last:
                 raise status_failure(answer, what)

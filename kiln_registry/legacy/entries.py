@@ -36,7 +36,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kiln_registry.credentials.origin import parse_teacher_url
+from kiln_registry.credentials.origin import parse_teacher_url, trim_url
 from kiln_registry.db.legacy import (
     LEGACY_NO_IDENTITY_MESSAGE,
     LEGACY_STATUS_MESSAGE,
@@ -223,7 +223,7 @@ def legacy_entry(alias: str, fields: Mapping[str, Any]) -> LegacyEntry:
         kind=kind,
         provider="vllm" if texts["provider"] == "vllm" else None,
         model_id=model_id if model_id.strip() else None,
-        url=url if usable or _parses(url) else None,
+        url=trim_url(url) if url is not None and (usable or _parses(url)) else None,
         credential_id=credential_id if usable or _is_id(credential_id) else None,
         notes=texts["notes"],
         adapter=texts["adapter"] if kind == TeacherKind.local else None,

@@ -6,8 +6,8 @@ directory ``<adapter dir>/<adapter>``"; ``model_id`` is ignored and
 ``provider``/``url``/``credential_id`` are refused.  Kiln's adapter directory
 is ``[model] adapter_dir``, else ``<model path>/adapters`` (``main.rs``); an
 adapter name is refused when empty, ``.``/``..``, containing ``/``, ``\\`` or
-``..``, or absolute (``api/adapters.rs``), and a missing directory is
-refused with "train or upload it first".
+``..``, or absolute (``api/adapters.rs``, code ``invalid_adapter_name``), and a
+missing directory is refused with "train or upload it first".
 
 Here the student is served by the embedded launcher: this module turns the
 student (plus adapter) into a generated launch profile, ``student:<alias>``,
@@ -30,7 +30,7 @@ import socket
 from pathlib import Path
 
 from kiln_registry.config.settings import SERVED_ID_RE, KilnConfig, LocalTeacherConfig
-from kiln_registry.domain.errors import LauncherError, RegistrationInvalid
+from kiln_registry.domain.errors import InvalidAdapterName, LauncherError, RegistrationInvalid
 from kiln_registry.domain.text import quoted
 from kiln_registry.launcher.roots import check_distinct_roots
 from kiln_registry.local.process_groups import GENERATED_PREFIX
@@ -55,7 +55,7 @@ def adapter_root(config: KilnConfig) -> Path:
 
 
 def check_adapter_name(name: str) -> None:
-    """Kiln's adapter-name rules (``api/adapters.rs``)."""
+    """Kiln's adapter-name rules (``api/adapters.rs``), refused with Kiln's code."""
     if (
         not name
         or name in (".", "..")
@@ -64,7 +64,7 @@ def check_adapter_name(name: str) -> None:
         or ".." in name
         or os.path.isabs(name)
     ):
-        raise RegistrationInvalid(
+        raise InvalidAdapterName(
             f"invalid adapter name {quoted(name, 64)}: a directory name under the student's adapter"
             " directory (no '/', '\\', '..')",
             rule="teacher.local_adapter_name",

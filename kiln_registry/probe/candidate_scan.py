@@ -9,7 +9,8 @@ vLLM and the reference teacher emit::
 
 (no white space, keys in that order, nothing else in a candidate, a string
 token, float32-exact numbers).  Anything else -- another key order, white
-space, an unknown candidate key, a ``decoded_token`` of another JSON type, a
+space, an unknown candidate key, a ``decoded_token`` of another JSON type or
+with a lone surrogate escape (``probe.serde_rules`` names it), a
 logprob that rounds to float32 (Kiln accepts it; the strict parser keeps the
 float64 numbers beside the rounded column), a null row, any rule failure --
 raises ``FastPathDeferred`` inside and the strict parser decides, accepting
@@ -22,7 +23,9 @@ accepts, with byte-identical columns:
   decoded-token string whose escapes, control bytes and UTF-8 are checked;
 - the envelope (everything but the array) is parsed by ``strict_loads`` with
   the array replaced by a unique float literal, which must come back as
-  ``choices[0].prompt_logprobs``, so the cut is exactly that value;
+  ``choices[0].prompt_logprobs``, so the cut is exactly that value (and
+  ``strict_loads`` applies Kiln's serde_json rules to it; the array adds
+  three nesting levels at depth three, far below the 128 limit);
 - ids, ranks and logprobs are converted exactly by ``probe.exact_numbers``.
 
 Work is done in chunks of about ``CHUNK_BYTES`` so temporaries stay small; no
@@ -74,6 +77,10 @@ _ESCAPABLE = np.zeros(256, dtype=bool)
 _ESCAPABLE[list(b'"\\/bfnrtu')] = True
 _HEX = np.zeros(256, dtype=bool)
 _HEX[list(b"0123456789abcdefABCDEF")] = True
+_SURROGATE_2ND = np.zeros(256, dtype=bool)  # \\uD800..\\uDFFF: 'd' then one of these
+_SURROGATE_2ND[list(b"89abcdefABCDEF")] = True
+_HIGH_2ND = np.zeros(256, dtype=bool)  # \\uD800..\\uDBFF
+_HIGH_2ND[list(b"89abAB")] = True
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
@@ -309,7 +316,27 @@ def _check_text(body: bytes, arr: Bytes, pos: int, last: int, escapes: I64, q: I
     if not _ESCAPABLE[kinds].all():
         raise FastPathDeferred
     units = escapes[kinds == ord("u")]
-    if units.size and not _HEX[_window(arr, units + 2, 4)].all():
+    if not units.size:
+        return
+    digits = _window(arr, units + 2, 4)
+    if not _HEX[digits].all():
+        raise FastPathDeferred
+    _check_surrogate_pairs(units, digits)
+
+
+def _check_surrogate_pairs(units: I64, digits: Bytes) -> None:
+    """Every ``\\uD800``-``\\uDBFF`` escape directly followed by a ``\\uDC00``-``\\uDFFF`` one.
+
+    ``units`` are the sorted positions of the ``\\u`` escapes and ``digits``
+    their hex digits.  A lone surrogate (serde_json refuses it) defers.
+    """
+    surrogate = ((digits[:, 0] | 0x20) == ord("d")) & _SURROGATE_2ND[digits[:, 1]]
+    if not surrogate.any():
+        return
+    high = surrogate & _HIGH_2ND[digits[:, 1]]
+    partner = np.minimum(np.searchsorted(units, units + 6), units.size - 1)
+    paired = high & (units[partner] == units + 6) & surrogate[partner] & ~high[partner]
+    if paired.sum() * 2 != surrogate.sum() or (high & ~paired).any():
         raise FastPathDeferred
 
 

@@ -157,7 +157,7 @@ def _checked(
     pinned: TeacherIdentity | None,
     student: StudentView | None,
 ) -> RowsCheck:
-    """Parse and verify a 200 answer to (prompt, K); ``identity`` None = take the response's."""
+    """Parse and verify a 2xx answer to (prompt, K); ``identity`` None = take the response's."""
     prompt, k = request
     known = identity or pinned
     vocab = known.vocab_size if known else MAX_VOCAB_SIZE
@@ -202,7 +202,7 @@ async def _scored(
         attempt, status_code=ex.status, elapsed_ms=ex.elapsed_ms, bytes_read=len(ex.body)
     )
     rec.update(attempt)
-    if ex.status != 200:
+    if not 200 <= ex.status < 300:  # any 2xx with a valid body, as Kiln's is_success()
         raise status_failure(ex, f"{purpose} probe (K={k})")
     check = _checked(t, ex, (prompt, k), identity, pinned, student)
     rec.update(

@@ -221,7 +221,7 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
     if (fast & ~exact & (clinger | decided)).any() or (fast & ~neg & (mantissa != 0)).any():
         raise FastPathDeferred
     values: npt.NDArray[np.float32] = np.where(neg, -magnitude, magnitude).astype(np.float32)
-    values[~neg | (~is_float & (mantissa == 0))] = 0.0
+    values[~neg] = 0.0  # "-0" stays -0.0: serde_json reads an integer -0 as the float -0.0
     for row in np.flatnonzero(~exact).tolist():
         values[row] = _slow_logprob(body[int(start[row]) : int(end[row])])
     return values
@@ -233,8 +233,8 @@ def _slow_logprob(text: bytes) -> float:
     if match is None:
         raise FastPathDeferred
     try:
-        value = float(text) if match.group(1) or match.group(2) else float(int(text))
-    except (OverflowError, ValueError) as exc:
+        value = float(text)  # an integer literal too: "-0" is -0.0, as serde_json reads it
+    except ValueError as exc:
         raise FastPathDeferred from exc
     if not (-math.inf < value <= 0.0) or array("f", [value])[0] != value:
         raise FastPathDeferred

@@ -2,7 +2,8 @@
 
 Owns the wire facts shared by the probe, the scoring path and the jobs module:
 the response-body bound, strict JSON (no duplicate keys, no NaN/Infinity
-literals, UTF-8 only), the per-candidate value rules as Kiln's
+literals, UTF-8 only, and the rules Kiln's ``serde_json`` adds, from
+``probe.serde_rules``), the per-candidate value rules as Kiln's
 ``remote_teacher.rs`` applies them (canonical decimal token ids below the
 vocabulary; any finite JSON number ``<= 0`` as the logprob, rounded to float32
 and refused only when that rounding overflows; integer ranks in
@@ -14,8 +15,8 @@ ties, order, probability mass, identity) are ``kiln_registry.probe.verify``'s
 job.
 
 Refusals are ``ProbeFailed`` with ``rule="probe.<name>"``.  Pure: imports only
-the standard library and ``kiln_registry.domain`` (errors, limits, text excerpts); no
-sockets, numpy or httpx.
+the standard library, ``kiln_registry.domain`` (errors, limits, text excerpts) and
+``probe.serde_rules``; no sockets, numpy or httpx.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.domain.limits import MAX_BODY_LIMIT, MIN_BODY_LIMIT
 from kiln_registry.domain.limits import MAX_VOCAB_SIZE as MAX_VOCAB_SIZE
 from kiln_registry.domain.text import escaped_excerpt
+from kiln_registry.probe import serde_rules
 
 NEG_INF_SENTINEL = -9999.0
 MAX_ERROR_TEXT = 400
@@ -169,7 +171,10 @@ def strict_loads(
     what: str = "response body",
     parse_float: Callable[[str], object] | None = None,
 ) -> object:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity literals.
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity literals, serde_json's rules.
+
+    ``probe.serde_rules``: no lone surrogate escape, nesting below 128, numbers
+    in the float64 range, ``-0`` read as ``-0.0`` (anywhere, as Kiln parses).
 
     ``parse_float`` replaces ``float`` for float literals (``probe.candidate_scan``
     uses it to locate the one literal it substituted for the rows array).
@@ -178,12 +183,16 @@ def strict_loads(
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         fail("json_utf8", f"{what} is not valid UTF-8 (byte {exc.start})")
+    parse_int: Callable[[str], object] | None = None
+    if serde_rules.suspect_numbers(body):
+        parse_float, parse_int = serde_rules.number_hooks(parse_float, what)
     try:
-        return json.loads(
+        value = json.loads(
             text,
             object_pairs_hook=_pairs_hook,
             parse_constant=refuse_constant,
             parse_float=parse_float,
+            parse_int=parse_int,
         )
     except _Duplicate as exc:
         fail(
@@ -194,6 +203,8 @@ def strict_loads(
         fail("json", f"{what} is not valid JSON: {exc.msg} at byte offset {exc.pos}")
     except (ValueError, RecursionError) as exc:
         fail("json", f"{what} is not acceptable JSON: {type(exc).__name__}")
+    serde_rules.check_text(body, what)
+    return value
 
 
 def _token_id(key: str, where: str, vocab_size: int) -> int:

@@ -97,7 +97,7 @@ REFUSED = [
     ("http://127.0.0.1:8000/%761", "url.path"),
     ("http://127.0.0.1:8000/ü", "url.path"),
     ("http://127.0.0.1:8000/a b", "url.characters"),
-    ("http://127.0.0.1:8000/\t", "url.characters"),
+    ("http://127.0.0.1:8000/\ta", "url.characters"),  # surrounding white space is trimmed
     ("http://127.0.0.1:", "url.port"),
     ("http://127.0.0.1:0", "url.port"),
     ("http://127.0.0.1:080", "url.port"),

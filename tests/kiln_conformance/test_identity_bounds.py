@@ -7,11 +7,17 @@ of ``crates/kiln-train/src/remote_teacher.rs`` (commit 0751a8c6).  Kiln bounds
 ``vocab_size`` 1..=16_777_216, ``max_top_k`` 1..=65_536 and <= ``vocab_size``,
 ``max_model_len`` 1..=16_777_216, ``max_prompt_logprob_candidates``
 1..=1_000_000 and at least one maximum-K row (``min(max_top_k + 1,
-vocab_size)``); nothing ties the budget to ``max_model_len``.  Accepted
-identities are checked through the document, ``kiln fingerprint verify`` /
-``encode`` (real subprocesses) and a real probe over loopback; the probe
-bounds its allocation by the smaller of the budget and what the request can
-produce instead of refusing the identity.
+vocab_size)``); ``validate()`` does not tie the budget to ``max_model_len``.
+Accepted identities are checked through the document, ``kiln fingerprint
+verify`` / ``encode`` (real subprocesses) and a real probe over loopback; the
+probe bounds its allocation by the smaller of the budget and what the request
+can produce instead of refusing the identity.
+
+Kiln's *launcher* is stricter: ``build_identity`` in ``scripts/vllm_teacher.py``
+(commit f1b710f8) refuses a budget above ``min(1_000_000,
+max_model_len * min(max_top_k + 1, vocab_size))``, so ``kiln-teacher`` (and
+``kiln fingerprint ... --launcher-strict``) refuses (8, 8, 4096, 65536), an
+identity the server's ``validate()`` accepts.
 """
 
 from __future__ import annotations
@@ -28,8 +34,11 @@ import pytest
 
 from kiln_registry.domain.errors import IdentityError
 from kiln_registry.identity.bounds import allocation_bound
-from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.canonical import canonical_json
+from kiln_registry.identity.compose import compose_identity
+from kiln_registry.identity.document import TeacherIdentity, validate_identity
 from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.identity.input_manifest import parse_teacher_input
 from kiln_registry.probe.client import ProbeLimiter, probe_teacher
 from tests.probe.teacher_server import Reply, Request, TeacherServer, completion_body, vllm_error
 
@@ -59,7 +68,7 @@ KILN_VALID = [
     (128, 8, 4096, 1_000_000),  # remote_teacher.rs tests: teacher_identity()
     (128, 8, 4, 128),  # remote_teacher.rs request_builder_enforces_identity_context_...
     (128, 8, 4096, 9),  # remote_teacher.rs request_builder_enforces_identity_response_...
-    (8, 8, 4096, 65_536),  # issue 14 item 7: refused here before, valid in Kiln
+    (8, 8, 4096, 65_536),  # validate() accepts it; Kiln's launcher does not (see below)
     (16_777_216, 65_536, 16_777_216, 1_000_000),  # every MAX_TEACHER_* at once
     (1, 1, 1, 1),  # one-row minimum: min(1 + 1, 1) = 1
 ]
@@ -119,7 +128,7 @@ def kiln_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
 
 
 def test_fingerprint_cli_accepts_the_issue_example(tmp_path: Path) -> None:
-    """vocab 8, top-K 8, length 4096, candidates 65536: valid in Kiln, so in the CLI too."""
+    """vocab 8, top-K 8, length 4096, candidates 65536: valid for Kiln's validate(), so here."""
     ident = identity(8, 8, 4096, 65_536)
     done = kiln_cli("fingerprint", "verify", ident.fingerprint())
     assert done.returncode == 0, done.stderr
@@ -130,6 +139,10 @@ def test_fingerprint_cli_accepts_the_issue_example(tmp_path: Path) -> None:
     done = kiln_cli("fingerprint", "encode", str(path))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["fingerprint"] == ident.fingerprint()
+    # Kiln's launcher (build_identity) refuses it: 65536 > 4096 * min(8 + 1, 8).
+    launcher = replace(ident, implementation="vllm:0.25.0").fingerprint()
+    done = kiln_cli("fingerprint", "verify", launcher, "--launcher-strict")
+    assert done.returncode == 2 and "bounds.above_model_len" in done.stderr, done.stderr
 
 
 def test_fingerprint_cli_refuses_a_budget_kiln_refuses() -> None:
@@ -191,8 +204,47 @@ def test_a_teacher_with_the_issue_example_identity_probes() -> None:
     assert getattr(report, "fingerprint", None) == ident.fingerprint()
 
 
-def test_budget_above_model_len_times_width_is_valid() -> None:
-    """Kiln's validate() has no max_model_len relation (this project had one)."""
+def test_budget_above_model_len_times_width_is_a_valid_identity() -> None:
+    """Kiln's validate() has no max_model_len relation (only its launcher has)."""
     ident = identity(10, 1, 1, 10)  # 1 * min(2, 10) = 2 < 10
     assert ident.max_prompt_logprob_candidates == 10
     assert replace(ident, max_prompt_logprob_candidates=1_000_000).fingerprint()
+
+
+# scripts/vllm_teacher.py build_identity: one_row_max <= candidates
+# <= min(MAX_PROMPT_LOGPROB_CANDIDATES, max_model_len * one_row_max).
+LAUNCHER_BUDGETS = [
+    ((8, 8, 4096, 65_536), "bounds.above_model_len"),  # 4096 * min(9, 8) = 32768
+    ((8, 8, 4096, 32_768), None),
+    ((128, 8, 4, 36), None),  # 4 * 9
+    ((128, 8, 4, 37), "bounds.above_model_len"),
+    ((128, 8, 4096, 1_000_000), "bounds.above_model_len"),  # 36864: valid only for validate()
+    ((248_320, 20, 262_144, 1_000_000), None),  # min(1M, 262144 * 21) = 1M
+]
+
+
+@pytest.mark.parametrize(("values", "rule"), LAUNCHER_BUDGETS, ids=str)
+def test_the_launcher_refuses_a_budget_kilns_launcher_refuses(
+    values: tuple[int, int, int, int], rule: str | None
+) -> None:
+    ident = replace(identity(*values), implementation="vllm:0.25.0")
+    assert TeacherIdentity.from_mapping(ident.to_dict()) == ident  # validate() accepts all
+    if rule is None:
+        validate_identity(ident, launcher_strict=True)
+        return
+    with pytest.raises(IdentityError) as info:
+        TeacherIdentity.from_mapping(ident.to_dict(), launcher_strict=True)
+    assert info.value.rule == rule
+
+
+def test_kiln_teacher_composes_no_identity_above_the_launcher_budget() -> None:
+    """compose_identity (kiln-teacher's path): max_model_len 128, K 8, vocab 64: 128 * 9."""
+    vectors = json.loads((Path(__file__).parents[1] / "vectors" / "compose.json").read_text())
+    case = next(c for c in vectors["cases"] if c["name"] == "small_model_default_below_million")
+    inputs = parse_teacher_input(canonical_json(case["input"]), source=case["name"])
+    params = dict(case["parameters"], max_prompt_logprob_candidates=128 * 9)
+    assert compose_identity(inputs, **params).identity.max_prompt_logprob_candidates == 1152
+    params["max_prompt_logprob_candidates"] = 128 * 9 + 1
+    with pytest.raises(IdentityError) as info:
+        compose_identity(inputs, **params)
+    assert info.value.rule == "bounds.above_model_len" and "1152" in info.value.message

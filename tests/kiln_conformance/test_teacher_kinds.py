@@ -132,17 +132,34 @@ def test_fixture_refusals_persist_nothing(
 # -- kind "local" in Kiln's shape: refusals before any launch ---------------------------------
 
 
+REGISTRATION_INVALID = "teacher_registration_invalid"
+
+
 @pytest.mark.parametrize(
-    ("body", "needle"),
+    ("body", "needle", "code"),
     [
-        (KILN_LOCAL_BODY, "teacher adapter `prior-self` not found at"),
-        ({**KILN_LOCAL_BODY, "adapter": "../escape"}, "invalid adapter name"),
-        ({**KILN_LOCAL_BODY, "provider": "vllm"}, "only valid on kind=remote"),
-        ({**KILN_LOCAL_BODY, "url": "http://127.0.0.1:9"}, "only valid on kind=remote"),
+        (KILN_LOCAL_BODY, "teacher adapter `prior-self` not found at", REGISTRATION_INVALID),
+        # api/adapters.rs validate_adapter_name -> ApiError::invalid_adapter_name (error.rs)
+        (
+            {**KILN_LOCAL_BODY, "adapter": "../escape"},
+            "invalid adapter name",
+            "invalid_adapter_name",
+        ),
+        ({**KILN_LOCAL_BODY, "adapter": "a\\b"}, "invalid adapter name", "invalid_adapter_name"),
+        (
+            {**KILN_LOCAL_BODY, "provider": "vllm"},
+            "only valid on kind=remote",
+            REGISTRATION_INVALID,
+        ),
+        (
+            {**KILN_LOCAL_BODY, "url": "http://127.0.0.1:9"},
+            "only valid on kind=remote",
+            REGISTRATION_INVALID,
+        ),
     ],
 )
 def test_kiln_local_refusals_leave_no_trace(
-    tmp_path: Path, tiny_model: TinyModel, body: dict[str, Any], needle: str
+    tmp_path: Path, tiny_model: TinyModel, body: dict[str, Any], needle: str, code: str
 ) -> None:
     adapters = tmp_path / "adapters"
     adapters.mkdir()
@@ -156,7 +173,7 @@ def test_kiln_local_refusals_leave_no_trace(
     with local_registry(setup, fake) as http:
         response = http.post("/v1/teachers", json=body)
         assert response.status_code == 400, response.text
-        assert _error(response)["code"] == "teacher_registration_invalid"
+        assert _error(response)["code"] == code
         assert needle in _error(response)["message"]
         assert http.get("/v1/teachers").json() == {"teachers": []}
     assert fake.log == [] and setup.leftovers() == []

@@ -251,6 +251,10 @@ def test_candidate_bound_is_checked(input_file: Path, base_env: dict[str, str]) 
     assert json.loads(ok.stdout)["identity"]["max_prompt_logprob_candidates"] == 33
     too_small = run_teacher([*args, "--max-prompt-logprob-candidates=32"], base_env)
     assert too_small.returncode == 2
+    # Kiln's build_identity: at most max_model_len * min(K + 1, vocab) = 4 * 33.
+    short = [f"--identity-input={input_file}", *LIMITS[:2], "--max-model-len=4", "--manifest-only"]
+    above = run_teacher([*short, "--max-prompt-logprob-candidates=133"], base_env)
+    assert above.returncode == 2 and b"bounds.above_model_len" in above.stderr, above.stderr
 
 
 def test_help(base_env: dict[str, str]) -> None:

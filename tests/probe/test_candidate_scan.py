@@ -115,7 +115,7 @@ def test_small_chunks_cross_candidates_and_rows(monkeypatch: pytest.MonkeyPatch)
         r'"\\\""',
         r'"x\/\b\f\n\r\t"',
         '"caf\u00e9 \U0001f600"',
-        r'"\ud800"',
+        r'"\ud7ff\ue000"',
         '"},\\"1\\":{"',
     ],
 )
@@ -134,6 +134,18 @@ def test_bad_decoded_token_strings_defer_and_are_refused(decoded: str) -> None:
     with pytest.raises(ProbeFailed) as info:
         parse_completion_fast(body, **row_args(1))
     assert info.value.rule == "probe.json"
+
+
+def test_surrogate_escapes_defer_and_serde_rules_decide() -> None:
+    body = one_row_body(["-1.5", "-0.5"], decoded=r'"\ud800"')
+    assert not fast_taken(body, row_args(1))
+    with pytest.raises(ProbeFailed) as info:
+        parse_completion_fast(body, **row_args(1))
+    assert info.value.rule == "probe.json_surrogate"
+    for lone in (r'"\udc00"', r'"\ud83d\u0041"', r'"\ud83d\ud83d\ude00"'):
+        assert not fast_taken(one_row_body(["-1.5", "-0.5"], decoded=lone), row_args(1))
+    paired = one_row_body(["-1.5", "-0.5"], decoded=r'"a\ud83d\ude00\uDBFF\uDFFFb"')
+    assert fast_taken(paired, row_args(1))
 
 
 def test_invalid_utf8_in_a_decoded_token_is_refused() -> None:
@@ -168,7 +180,7 @@ def test_number_forms(numbers: list[str], fast: bool) -> None:
     [
         (["1.5", "-0.5"], "probe.logprob_positive"),
         (["1e-100", "-0.5"], "probe.logprob_positive"),
-        (["-1e400", "-0.5"], "probe.logprob_finite"),
+        (["-1e400", "-0.5"], "probe.json_number_range"),  # serde_json: out of range
         (["-1e39", "-0.5"], "probe.logprob_float32"),
         (["-3.4028235677973366e38", "-0.5"], "probe.logprob_float32"),
         (["NaN", "-0.5"], "probe.json_constant"),

@@ -143,7 +143,7 @@ def test_envelope_rules() -> None:
     [
         ('"logprob":-6.467060089111328', '"logprob":NaN', "probe.json_constant"),
         ('"logprob":-6.467060089111328', '"logprob":Infinity', "probe.json_constant"),
-        ('"logprob":-6.467060089111328', '"logprob":-1e999', "probe.logprob_finite"),
+        ('"logprob":-6.467060089111328', '"logprob":-1e999', "probe.json_number_range"),
         ('"logprob":-6.467060089111328', '"logprob":0.5', "probe.logprob_positive"),
         ('"logprob":-6.467060089111328', '"logprob":-1e39', "probe.logprob_float32"),
         ('"logprob":-6.467060089111328', '"logprob":"-6"', "probe.logprob_type"),

@@ -63,7 +63,7 @@ def error_responses(
 
 REGISTER = error_responses(
     {
-        400: ("teacher_registration_invalid", *LAUNCH_400),
+        400: ("teacher_registration_invalid", "invalid_adapter_name", *LAUNCH_400),
         409: (
             "teacher_alias_exists",
             "teacher_alias_reserved",
@@ -92,7 +92,7 @@ PROBE_TEACHER = error_responses(
 )
 LAUNCH_TEACHER = error_responses(
     {
-        400: ("teacher_registration_invalid", *LAUNCH_400),
+        400: ("teacher_registration_invalid", "invalid_adapter_name", *LAUNCH_400),
         404: ("teacher_not_found",),
         409: ("teacher_identity_mismatch", "teacher_launch_conflict", "teacher_identity_required"),
         500: ("launcher_failed",),
