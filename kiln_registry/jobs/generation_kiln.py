@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kiln_registry.domain.errors import JobInvalid
@@ -85,7 +85,13 @@ class KilnRenderer:
         self.uses_generation_tag = bool(_GENERATION_TAG.search(template))
         env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
         env.globals["raise_exception"] = _raise_exception
-        self.template = env.from_string(template) if not self.uses_generation_tag else None
+        self.template: Template | None = None
+        self.broken: str | None = None
+        if not self.uses_generation_tag:
+            try:
+                self.template = env.from_string(template)
+            except TemplateError as exc:
+                self.broken = f"{type(exc).__name__}: {str(exc)[:200]}"
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> KilnRenderer:
@@ -122,12 +128,15 @@ class KilnRenderer:
             _refuse(where, "template", "the student's chat template marks assistant spans with"
                     " {% generation %}, which Kiln renders through a path not reproduced here",
                     "use a student chat template without {% generation %} blocks")  # fmt: skip
+        if self.broken is not None:
+            _refuse(where, "template", f"the student's chat template does not compile"
+                    f" ({self.broken})", "fix the student's chat template")  # fmt: skip
         full = [*messages, {"role": "assistant", "content": response}]
         try:
             text = self.render(full)
             ids, offsets = self.encode(text)
             mask = self._mask(full, text, ids, offsets)
-        except TemplateError as exc:
+        except Exception as exc:  # a template error on this conversation: its own message
             _refuse(where, "template", f"the chat template refused the conversation"
                     f" ({type(exc).__name__}: {str(exc)[:200]})",
                     "fix the student's chat template")  # fmt: skip

@@ -168,6 +168,9 @@ def test_responses_kiln_cannot_reproduce_are_refused(students: dict[str, Any]) -
         KilnRenderer(tagged, _chars).sequence(messages, "x", "prompt 'p1'")
     assert caught.value.rule == "generation.kiln_template"
     assert caught.value.message.startswith("prompt 'p1': ")
+    with pytest.raises(JobInvalid, match="does not compile") as caught:
+        KilnRenderer("{% for m in %}", _chars).sequence(messages, "x", "p")
+    assert caught.value.rule == "generation.kiln_template"
     raising = "{{ raise_exception('no assistant turns here') }}"
     with pytest.raises(JobInvalid, match="no assistant turns here"):
         KilnRenderer(raising, _chars).sequence(messages, "x", "p")
