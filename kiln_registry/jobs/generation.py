@@ -97,7 +97,8 @@ class GenerationPipeline(OrderedPipeline[PromptItem, Generated, ExampleWriter]):
 
     def _hit(self, row: PromptItem, hits: dict[str, Generated]) -> Generated | None:
         hit = hits.get(row.token_sha256)
-        return None if hit is None or (self.renderer and hit.kiln is None) else hit
+        stale = self.renderer is not None and hit is not None and hit.kiln is None
+        return None if stale else hit
 
     def _store(self, session: Session, pending: list[tuple[str, Generated]]) -> None:
         out.cache_store(session, *self.key, pending)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE
+from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE, KILN_TEXT_ONLY_NOTE
 from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
@@ -125,6 +125,8 @@ def test_text_only_generation_with_a_seed_and_the_cache_key(
                   "seed": 7}  # fmt: skip
         first = reg.wait(submit_generation(reg.http, "ref@chat", **fields).json()["id"])
         assert first["status"] == "succeeded", first
+        # Text only: Kiln's production trainer refuses cross_entropy, and the job says so.
+        assert first["generation"]["kiln_note"] == KILN_TEXT_ONLY_NOTE
         examples = _corpus(reg, first["id"])
         assert all("teacher_tokens" not in e for e in examples)
         # A different seed is a different cache key; an unseeded sampled job is not cached.
