@@ -187,11 +187,11 @@ def test_generation_corpora_pass_kilns_off_policy_preparation(
             assert [t["token_id"] for t in mb["teacher_tokens"]] != sampled
 
 
+# ChatML only: its end markers make Kiln's sequence longer than the prompt and response sent.
+@pytest.mark.parametrize("served", ["chatml"], indirect=True)
 def test_a_conversation_too_long_to_score_as_kiln_tokenizes_it_fails_the_job(
     tmp_path: Path, served: Served
 ) -> None:
-    if served.name != "chatml":
-        pytest.skip("the ChatML end markers make Kiln's sequence longer than the prompt sent")
     room = 256 - 12  # the teacher's max_model_len less max_tokens: the longest prompt taken
     words = 1
     while len(render(served.tokenizer, _long(words + 1), "test")) <= room:

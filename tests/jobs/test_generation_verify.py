@@ -95,3 +95,27 @@ def test_an_oversized_or_linked_signature_file_is_refused_before_it_is_read(
     sig.unlink()
     sig.write_bytes(good)
     assert verify_corpus(path, {signer.public.key_id: signer.public}).sequences == 3
+
+
+def test_a_v1_corpus_still_verifies_with_its_sampled_teacher_tokens(
+    tmp_path: Path, tokenizer: Any, tiny_model: TinyModel
+) -> None:
+    """Format v1 (before issue 26): teacher_tokens per sampled id, which Kiln refuses to
+    train on; the signature and rows still verify."""
+    identity = student_identity(student_vocab(tiny_model.path)[0])
+    signer = load_or_create_signer(key_path(tmp_path))
+    writer = ExampleWriter(tmp_path / "v1.jsonl", identity, signer)
+    settings = json.loads(GenerationSettings(3, 2).canonical_json())
+    top = [{"token_id": 70, "logprob": -0.5}, {"token_id": 5, "logprob": -1.0}]
+    example = {
+        "id": "p0", "messages": [{"role": "user", "content": "q"}], "teacher_response": "x",
+        "teacher_tokens": [{"token_id": 70, "token": "x", "logprob": -0.5, "top_logprobs": top}],
+        "metadata": {"format": "kiln-registry.generation.v1", "job_id": "job-" + "1" * 24,
+                     "teacher": "t", "identity_digest": identity.digest(),
+                     "prompt_token_ids_sha256": "0" * 64, "completion_token_ids": [70],
+                     "finish_reason": "length", "settings": settings},
+    }  # fmt: skip
+    writer.write(json.dumps(example).encode() + b"\n")
+    writer.commit()
+    keys = {signer.public.key_id: signer.public}
+    assert verify_corpus(tmp_path / "v1.jsonl", keys).sequences == 1
