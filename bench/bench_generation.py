@@ -5,10 +5,11 @@ with a chat template and a registry (``kiln serve``) whose student is that
 model, as child processes on loopback, registers the teacher, then for each
 of ``--rounds`` rounds with its own seeded prompts measures, in the same run:
 
-* the teacher's own throughput: that round's exact generation requests (the
+* the teacher's own throughput: that round's exact requests (the
   chat-rendered prompt ids, ``max_tokens``, greedy, ``logprobs = K`` with
-  ``return_token_ids``) sent straight to it with httpx at ``[jobs]
-  concurrency`` in flight, bodies read in full;
+  ``return_token_ids``, then with ``K > 0`` the prompt-logprobs request over
+  the conversation as Kiln's preparation tokenizes it) sent straight to it
+  with httpx at ``[jobs] concurrency`` in flight, bodies read in full;
 * the cold generation job over the same prompts (a corpus file): submit ->
   succeeded from the server's ``created_at``/``finished_at`` (both probes,
   generation, verification, cache writes and the signed corpus included).
@@ -69,24 +70,37 @@ def prompts(path: Path, count: int, seed: int) -> list[list[dict[str, str]]]:
     return out
 
 
-async def direct(url: str, ids: list[list[int]], args: argparse.Namespace) -> float:
-    """Seconds for the job's exact generation requests sent straight to the teacher."""
+async def direct(url: str, batch: list[Any], args: argparse.Namespace, tokenizer: Any) -> float:
+    """Seconds for the job's exact requests sent straight to the teacher: each generation,
+    then (``k > 0``) the prompt-logprobs request over the conversation as Kiln tokenizes it."""
+    from kiln_registry.jobs.generation_kiln import KilnRenderer
     from kiln_registry.jobs.generation_sources import GenerationSettings
     from kiln_registry.jobs.generation_wire import generation_request
+    from kiln_registry.probe.client import completion_request
 
     settings = GenerationSettings(max_tokens=args.max_tokens, top_k=args.k)
+    renderer = KilnRenderer.for_tokenizer(tokenizer)
     gate = asyncio.Semaphore(args.concurrency)
 
-    async def one(http: httpx.AsyncClient, prompt: list[int]) -> None:
+    async def one(http: httpx.AsyncClient, item: tuple[list[int], Any]) -> None:
+        prompt, messages = item
         async with gate:
             body = generation_request(MODEL_ID, prompt, settings)
+            response = await http.post(url + "/v1/completions", json=body)
+            assert response.status_code == 200 and response.content, response.text
+            if args.k == 0:
+                return
+            ids = response.json()["choices"][0]["token_ids"]
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            seq = renderer.sequence(messages, text, "bench").token_ids
+            body = completion_request(MODEL_ID, [*seq, seq[-1]], args.k)
             response = await http.post(url + "/v1/completions", json=body)
             assert response.status_code == 200 and response.content, response.text
 
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
     async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as http:
         started = time.perf_counter()
-        await asyncio.gather(*(one(http, p) for p in ids))
+        await asyncio.gather(*(one(http, item) for item in batch))
         return time.perf_counter() - started
 
 
@@ -96,16 +110,18 @@ def run_job(url: str, args: argparse.Namespace, name: str) -> dict[str, Any]:
     return run_harness_job(url, body)
 
 
-def rounds(args: argparse.Namespace, t_url: str, url: str, batches: list[Any]) -> list[Any]:
+def rounds(
+    args: argparse.Namespace, t_url: str, url: str, batches: list[Any], tokenizer: Any
+) -> list[Any]:
     out = []
     for index, ids in enumerate(batches):
         name = f"round{index}.jsonl"
         if index % 2 == 0:
-            direct_s = asyncio.run(direct(t_url, ids, args))
+            direct_s = asyncio.run(direct(t_url, ids, args, tokenizer))
             job = run_job(url, args, name)
         else:
             job = run_job(url, args, name)
-            direct_s = asyncio.run(direct(t_url, ids, args))
+            direct_s = asyncio.run(direct(t_url, ids, args, tokenizer))
         cached = run_job(url, args, name)  # greedy: every prompt a cache hit
         out.append({
             "direct_seconds": round(direct_s, 3), "cold_job_seconds": round(job["seconds"], 3),
@@ -134,15 +150,15 @@ def main() -> None:
         tokenizer = student_tokenizer(model)
         (tmp / "corpora").mkdir()
         batches = [
-            [render(tokenizer, m, "bench") for m in
+            [(render(tokenizer, m, "bench"), m) for m in
              prompts(tmp / "corpora" / f"round{i}.jsonl", args.prompts, seed=19 + i)]
             for i in range(args.rounds)
         ]  # fmt: skip
         port = 19000 + os.getpid() % 1000
         with serving(tmp, port, model, concurrency=args.concurrency,
                      threads=args.teacher_threads, model_id=MODEL_ID) as served:  # fmt: skip
-            asyncio.run(direct(served.teacher_url, batches[0][:40], args))  # warm-up
-            measured = rounds(args, served.teacher_url, served.url, batches)
+            asyncio.run(direct(served.teacher_url, batches[0][:40], args, tokenizer))  # warm-up
+            measured = rounds(args, served.teacher_url, served.url, batches, tokenizer)
     ratios = [r["job_vs_teacher"] for r in measured]
     report = {
         "machine": machine(),

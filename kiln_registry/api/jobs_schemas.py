@@ -132,7 +132,12 @@ class GenerationJobCreate(BaseModel):
     max_tokens: Annotated[StrictInt, Field(ge=1, le=32_768, description="Tokens per prompt.")]
     top_k: Annotated[
         StrictInt,
-        Field(ge=0, le=65_536, description="teacher_tokens top-K, 0..=max_top_k (0: text only)."),
+        Field(
+            ge=0,
+            le=65_536,
+            description="teacher_tokens top-K, 0..=max_top_k (0: text only, which Kiln's"
+            " production trainer cannot use: it refuses cross_entropy; it trains at 16 or 32).",
+        ),
     ] = 0
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy.")
     top_p: float = Field(
@@ -161,11 +166,34 @@ class GenerationJobCreate(BaseModel):
 AnyJobCreate = Annotated[JobCreate | GenerationJobCreate, Field(discriminator="kind")]
 
 
+KILN_TEXT_ONLY_NOTE = (
+    "text only (top_k 0): the corpus has no teacher_tokens, and Kiln's production OPD trainer"
+    " refuses objective cross_entropy and needs teacher_tokens for reverse_kl, so Kiln cannot"
+    " train on it; submit top_k 16 or 32 for a trainable corpus"
+)
+KILN_SMALL_K_NOTE = (
+    "Kiln's production OPD trainer runs reverse_kl at top_k 16 or 32 and needs at least that"
+    " many top_logprobs per teacher token; a corpus below top_k 16 only suits other readers"
+)
+
+
+def kiln_note(top_k: int) -> str | None:
+    """What Kiln's production trainer makes of a generation corpus at ``top_k``."""
+    if top_k == 0:
+        return KILN_TEXT_ONLY_NOTE
+    return KILN_SMALL_K_NOTE if top_k < 16 else None
+
+
 class GenerationInfo(WireModel):
     max_tokens: int = Field(description="Tokens generated per prompt at most.")
     temperature: float = Field(description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(description="Nucleus sampling mass.")
     seed: int | None = Field(description="Sampling seed, or null for none.")
+    kiln_note: str | None = Field(
+        default=None,
+        description="Set when Kiln's production trainer cannot use the corpus as is: top_k 0"
+        " (no teacher_tokens; Kiln refuses cross_entropy) or top_k below 16.",
+    )
 
 
 class JobProgress(WireModel):
@@ -279,7 +307,10 @@ def job_public(row: JobRow) -> JobPublic:
     generation = None
     if row.generation_json is not None:
         settings = json.loads(row.generation_json)
-        generation = GenerationInfo(**{k: settings[k] for k in GenerationInfo.model_fields})
+        generation = GenerationInfo(
+            max_tokens=settings["max_tokens"], temperature=settings["temperature"],
+            top_p=settings["top_p"], seed=settings["seed"], kiln_note=kiln_note(row.top_k),
+        )  # fmt: skip
     return JobPublic(
         id=row.id,
         kind="off_policy_generation"

@@ -8,10 +8,15 @@ this order: ``id``, ``messages`` (the prompt, as submitted), ``teacher_response`
 (the generated ids decoded with the student tokenizer, special tokens
 skipped), ``teacher_tokens`` (only when ``top_k > 0``: one
 ``TeacherActionToken`` ``{"token_id", "token", "logprob", "top_logprobs":
-[{"token_id", "logprob"}, ...]}`` per generated token, top ``K`` best first)
-and ``metadata`` (``format`` ``kiln-registry.generation.v1``, ``job_id``,
-``teacher``, ``identity_digest``, ``prompt_token_ids_sha256``,
-``completion_token_ids``, ``finish_reason`` and ``settings``).
+[{"token_id", "logprob"}, ...]}`` per action position of the conversation as
+Kiln's preparation tokenizes it (``jobs.generation_kiln``), the teacher's
+top ``K`` there best first) and ``metadata`` (``format``
+``kiln-registry.generation.v2``, ``job_id``, ``teacher``,
+``identity_digest``, ``prompt_token_ids_sha256``, ``completion_token_ids``
+(the sampled ids), ``finish_reason``, ``settings`` and, when ``top_k > 0``,
+``kiln_token_ids`` and ``kiln_action_positions``: Kiln's whole token
+sequence and the positions ``teacher_tokens`` describe).  Format ``v1``
+corpora (``teacher_tokens`` per sampled id, which Kiln refuses) still verify.
 
 Kiln parses every non-manifest line as an example, so the signature cannot
 be a trailer line here: it is the same ``kiln.corpus-trailer.v1`` line a
@@ -51,11 +56,12 @@ from kiln_registry.identity.strict_read import FileProblem, Problem, read_regula
 from kiln_registry.jobs.cache import LOOKUP_CHUNK
 from kiln_registry.jobs.corpus import LOCAL_TAG, fsync_dir, partial_path, trailer_line
 from kiln_registry.jobs.generation_sources import GenerationSettings
-from kiln_registry.jobs.generation_wire import Generated
+from kiln_registry.jobs.generation_wire import Generated, KilnTokens
 from kiln_registry.jobs.models import GenerationCacheRow
 from kiln_registry.jobs.signing import CorpusSigner
 
-META_FORMAT: Final = "kiln-registry.generation.v1"
+META_FORMAT: Final = "kiln-registry.generation.v2"
+META_FORMAT_V1: Final = "kiln-registry.generation.v1"  # teacher_tokens = sampled ids
 EXAMPLE_KEYS: Final = ("id", "messages", "teacher_response", "teacher_tokens", "metadata")
 SIGNATURE_SUFFIX: Final = ".sig"
 MAX_SIGNATURE_BYTES: Final = 1024
@@ -90,22 +96,20 @@ class ExampleContext:
         return str(self.tokenizer.decode([token_id]))
 
 
-def _teacher_tokens(ctx: ExampleContext, gen: Generated) -> list[dict[str, object]]:
-    assert gen.logprobs is not None and gen.top_ids is not None and gen.top_logprobs is not None
+def _teacher_tokens(ctx: ExampleContext, kiln: KilnTokens) -> list[dict[str, object]]:
     return [
-        {"token_id": token, "token": ctx.token_text(token), "logprob": own,
+        {"token_id": kiln.sequence[at], "token": ctx.token_text(kiln.sequence[at]),
+         "logprob": own,
          "top_logprobs": [{"token_id": i, "logprob": lp} for i, lp in zip(ids, lps, strict=True)]}
-        for token, own, ids, lps in zip(
-            gen.token_ids, gen.logprobs, gen.top_ids, gen.top_logprobs, strict=True
+        for at, own, ids, lps in zip(
+            kiln.positions, kiln.logprobs, kiln.top_ids, kiln.top_logprobs, strict=True
         )
     ]  # fmt: skip
 
 
-def encode_example(
-    ctx: ExampleContext, seq_id: str, messages_json: str, prompt_sha256: str, gen: Generated
-) -> bytes:
-    """One example line (with its newline); see the module docstring."""
-    text = ctx.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+def response_text(ctx: ExampleContext, seq_id: str, gen: Generated) -> str:
+    """The generated ids decoded with the student tokenizer, special tokens skipped."""
+    text = str(ctx.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
     if not text:
         # Kiln refuses an example whose teacher_response is empty (opd.rs).
         raise ProbeFailed(
@@ -114,19 +118,30 @@ def encode_example(
             rule="generation.empty_response",
             hint="raise max_tokens or change the prompt",
         )
+    return text
+
+
+def encode_example(
+    ctx: ExampleContext, seq_id: str, messages_json: str, prompt_sha256: str, gen: Generated
+) -> bytes:
+    """One example line (with its newline); see the module docstring."""
     example: dict[str, object] = {
         "id": seq_id,
         "messages": json.loads(messages_json),
-        "teacher_response": str(text),
+        "teacher_response": response_text(ctx, seq_id, gen),
     }
-    if ctx.settings.top_k > 0:
-        example["teacher_tokens"] = _teacher_tokens(ctx, gen)
-    example["metadata"] = {
+    meta: dict[str, object] = {
         "format": META_FORMAT, "job_id": ctx.job_id, "teacher": ctx.teacher,
         "identity_digest": ctx.identity.digest(), "prompt_token_ids_sha256": prompt_sha256,
         "completion_token_ids": gen.token_ids, "finish_reason": gen.finish_reason,
         "settings": json.loads(ctx.settings.canonical_json()),
     }  # fmt: skip
+    if ctx.settings.top_k > 0:
+        assert gen.kiln is not None, "the pipeline scores Kiln's tokenization when top_k > 0"
+        example["teacher_tokens"] = _teacher_tokens(ctx, gen.kiln)
+        meta["kiln_token_ids"] = gen.kiln.sequence
+        meta["kiln_action_positions"] = gen.kiln.positions
+    example["metadata"] = meta
     return orjson.dumps(example, option=orjson.OPT_APPEND_NEWLINE)
 
 

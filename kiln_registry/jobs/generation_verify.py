@@ -11,8 +11,9 @@ non-empty string (Kiln refuses an empty one), ``teacher_tokens`` (when
 present) objects with ``token_id`` (u32 below ``vocab_size``), ``token``,
 ``logprob`` (finite, <= 0) and ``top_logprobs`` of ``K`` distinct
 ``{"token_id", "logprob"}`` entries best first; ``metadata`` naming this
-identity, one job, teacher and settings throughout, and ``completion_token_ids``
-equal to the ``teacher_tokens`` ids.  Ids are unique.  Refusals are
+identity, one job, teacher and settings throughout; the ``teacher_tokens``
+ids equal ``kiln_token_ids`` at ``kiln_action_positions`` (format v2; v1:
+``completion_token_ids``).  Ids are unique.  Refusals are
 ``InputError`` with ``rule="corpus.<name>"`` naming the line.
 
 Imports: standard library, ``kiln_registry.domain.errors``/``identity`` and
@@ -32,7 +33,12 @@ from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.jobs import corpus_signed as cv
 from kiln_registry.jobs.corpus_signed import corpus_error as _error
-from kiln_registry.jobs.generation_output import EXAMPLE_KEYS, META_FORMAT, signature_path
+from kiln_registry.jobs.generation_output import (
+    EXAMPLE_KEYS,
+    META_FORMAT,
+    META_FORMAT_V1,
+    signature_path,
+)
 from kiln_registry.jobs.signing import PublicKey
 
 _REQUIRED: Final = ("id", "messages", "teacher_response")
@@ -92,11 +98,28 @@ class _ExampleChecker:
             raise _error(where, "teacher_tokens", "teacher_tokens are present iff top_k > 0")
         if tokens is not None:
             ids = self._tokens(tokens, int(top_k), where)  # type: ignore[arg-type]
-            if ids != meta["completion_token_ids"]:
+            if ids != self._expected_ids(meta, where):
                 raise _error(where, "teacher_tokens", "teacher_tokens differ from the metadata ids")
 
+    def _expected_ids(self, meta: dict[str, Any], where: str) -> object:
+        """v1: the sampled ids; v2: Kiln's sequence at its action positions."""
+        if meta["format"] == META_FORMAT_V1:
+            return meta["completion_token_ids"]
+        seq, positions = meta.get("kiln_token_ids"), meta.get("kiln_action_positions")
+        if not isinstance(seq, list) or not isinstance(positions, list) or not positions:
+            raise _error(where, "metadata", "kiln_token_ids and kiln_action_positions are required")
+        for token in seq:
+            _token_id(token, self.identity.vocab_size, where)
+        last = 0
+        for at in positions:
+            if type(at) is not int or not last < at < len(seq):
+                raise _error(where, "metadata", "kiln_action_positions must increase, from 1,"
+                             " within kiln_token_ids")  # fmt: skip
+            last = at
+        return [seq[at] for at in positions]
+
     def _metadata(self, meta: object, where: str) -> dict[str, Any]:
-        if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
+        if not isinstance(meta, dict) or meta.get("format") not in (META_FORMAT, META_FORMAT_V1):
             raise _error(where, "metadata", f"metadata.format must be {META_FORMAT!r}")
         if meta.get("identity_digest") != self.digest:
             raise _error(where, "identity", "the example does not belong to the header's identity")

@@ -62,24 +62,55 @@ def generation_request(
 
 
 @dataclass(frozen=True, slots=True)
+class KilnTokens:
+    """The teacher's scores in Kiln's tokenization (``jobs.generation_kiln``).
+
+    ``sequence`` is the whole conversation as Kiln tokenizes it, ``positions``
+    its action positions; per position, the teacher's logprob of the token
+    there and its top-K over the logits row before it, best first.
+    """
+
+    sequence: list[int]
+    positions: list[int]
+    logprobs: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+    def to_json(self) -> dict[str, object]:
+        return {"sequence": self.sequence, "positions": self.positions,
+                "logprobs": self.logprobs, "top_ids": self.top_ids,
+                "top_logprobs": self.top_logprobs}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> KilnTokens:
+        return cls(value["sequence"], value["positions"], value["logprobs"], value["top_ids"],
+                   value["top_logprobs"])  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class Generated:
-    """A verified generation: ids, finish reason, and per-token logprobs when asked."""
+    """A verified generation: ids, finish reason, per-token logprobs when asked, and
+    (``top_k > 0``) the teacher's scores in Kiln's tokenization."""
 
     token_ids: list[int]
     finish_reason: str
     logprobs: list[float] | None = None
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
+    kiln: KilnTokens | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"token_ids": self.token_ids, "finish_reason": self.finish_reason,
                 "logprobs": self.logprobs, "top_ids": self.top_ids,
-                "top_logprobs": self.top_logprobs}  # fmt: skip
+                "top_logprobs": self.top_logprobs,
+                "kiln": self.kiln.to_json() if self.kiln is not None else None}  # fmt: skip
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Generated:
+        kiln = value.get("kiln")
         return cls(value["token_ids"], value["finish_reason"], value["logprobs"],
-                   value["top_ids"], value["top_logprobs"])  # fmt: skip
+                   value["top_ids"], value["top_logprobs"],
+                   KilnTokens.from_json(kiln) if kiln is not None else None)  # fmt: skip
 
 
 def _fail(rule: str, message: str) -> NoReturn:

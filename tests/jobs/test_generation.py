@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE, KILN_TEXT_ONLY_NOTE
 from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
@@ -70,7 +71,7 @@ def test_greedy_generation_job_matches_transformers_and_verifies(
         job = reg.wait(submitted.json()["id"])
         assert job["status"] == "succeeded", job
         assert job["generation"] == {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0,
-                                     "seed": None}  # fmt: skip
+                                     "seed": None, "kiln_note": KILN_SMALL_K_NOTE}  # fmt: skip
         keys = parse_keys(reg.http.get("/v1/keys").json(), "GET /v1/keys")
         assert config.jobs.result_root is not None
         path = config.jobs.result_root / f"{job['id']}.jsonl"
@@ -102,11 +103,12 @@ def test_greedy_generation_job_matches_transformers_and_verifies(
         ids = example["metadata"]["completion_token_ids"]
         prompt = render(tokenizer, messages, "test")
         assert ids == transformers_greedy(chat_model, prompt, 6)
-        assert [t["token_id"] for t in example["teacher_tokens"]] == ids
-        for token in example["teacher_tokens"]:
-            assert len(token["top_logprobs"]) == 4
-            # Greedy: the chosen token is the teacher's best.
-            assert token["top_logprobs"][0]["token_id"] == token["token_id"]
+        # teacher_tokens follow Kiln's tokenization of the conversation, not the sampled ids
+        # (tests/jobs/test_generation_kiln.py checks them against Kiln's rules).
+        kiln_ids = example["metadata"]["kiln_token_ids"]
+        wanted = [kiln_ids[at] for at in example["metadata"]["kiln_action_positions"]]
+        assert [t["token_id"] for t in example["teacher_tokens"]] == wanted
+        assert all(len(token["top_logprobs"]) == 4 for token in example["teacher_tokens"])
         assert example["teacher_response"] == tokenizer.decode(ids, skip_special_tokens=True)
 
 
@@ -123,6 +125,8 @@ def test_text_only_generation_with_a_seed_and_the_cache_key(
                   "seed": 7}  # fmt: skip
         first = reg.wait(submit_generation(reg.http, "ref@chat", **fields).json()["id"])
         assert first["status"] == "succeeded", first
+        # Text only: Kiln's production trainer refuses cross_entropy, and the job says so.
+        assert first["generation"]["kiln_note"] == KILN_TEXT_ONLY_NOTE
         examples = _corpus(reg, first["id"])
         assert all("teacher_tokens" not in e for e in examples)
         # A different seed is a different cache key; an unseeded sampled job is not cached.

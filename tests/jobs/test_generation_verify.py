@@ -12,7 +12,7 @@ from kiln_registry.domain.errors import InputError
 from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.generation_output import ExampleContext, ExampleWriter, encode_example
 from kiln_registry.jobs.generation_sources import GenerationSettings, student_tokenizer
-from kiln_registry.jobs.generation_wire import Generated
+from kiln_registry.jobs.generation_wire import Generated, KilnTokens
 from kiln_registry.jobs.signing import CorpusSigner, key_path, load_or_create_signer
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.testing.tiny_models import TinyModel
@@ -31,8 +31,11 @@ def _corpus(tmp_path: Path, tokenizer: Any, vocab_sha: str) -> tuple[Path, Corpu
     signer = load_or_create_signer(key_path(tmp_path))
     writer = ExampleWriter(tmp_path / "c.jsonl", identity, signer)
     for i in range(3):
-        gen = Generated([70 + i, 71, 72], "length", [-0.5, -0.2, -0.1],
-                        [[70 + i, 5], [71, 5], [72, 5]], [[-0.5, -1.0]] * 3)  # fmt: skip
+        tops = [[70 + i, 5], [71, 5], [72, 5]]
+        kiln = KilnTokens([10, 11, 70 + i, 71, 72], [2, 3, 4], [-0.5, -0.2, -0.1], tops,
+                          [[-0.5, -1.0]] * 3)  # fmt: skip
+        gen = Generated([70 + i, 71, 72], "length", [-0.5, -0.2, -0.1], tops,
+                        [[-0.5, -1.0]] * 3, kiln)  # fmt: skip
         messages = json.dumps([{"role": "user", "content": f"q{i}"}])
         writer.write(encode_example(ctx, f"p{i}", messages, "0" * 64, gen))
     writer.commit()
@@ -59,6 +62,14 @@ def test_changes_to_a_generation_corpus_or_its_signature_are_refused(
     bad["teacher_response"] = ""
     path.write_text("".join([*lines[:2], json.dumps(bad) + "\n", *lines[3:]]))
     assert _refused(path, signer) == "corpus.teacher_response"
+    # teacher_tokens must be Kiln's sequence at its action positions.
+    bad = json.loads(lines[2])
+    bad["metadata"]["kiln_action_positions"] = [1, 3, 4]
+    path.write_text("".join([*lines[:2], json.dumps(bad) + "\n", *lines[3:]]))
+    assert _refused(path, signer) == "corpus.teacher_tokens"
+    bad["metadata"]["kiln_action_positions"] = [0, 3, 4]
+    path.write_text("".join([*lines[:2], json.dumps(bad) + "\n", *lines[3:]]))
+    assert _refused(path, signer) == "corpus.metadata"
     path.write_bytes(original)
     (tmp_path / "other").mkdir(mode=0o700)
     other = load_or_create_signer(key_path(tmp_path / "other"))
@@ -84,3 +95,27 @@ def test_an_oversized_or_linked_signature_file_is_refused_before_it_is_read(
     sig.unlink()
     sig.write_bytes(good)
     assert verify_corpus(path, {signer.public.key_id: signer.public}).sequences == 3
+
+
+def test_a_v1_corpus_still_verifies_with_its_sampled_teacher_tokens(
+    tmp_path: Path, tokenizer: Any, tiny_model: TinyModel
+) -> None:
+    """Format v1 (before issue 26): teacher_tokens per sampled id, which Kiln refuses to
+    train on; the signature and rows still verify."""
+    identity = student_identity(student_vocab(tiny_model.path)[0])
+    signer = load_or_create_signer(key_path(tmp_path))
+    writer = ExampleWriter(tmp_path / "v1.jsonl", identity, signer)
+    settings = json.loads(GenerationSettings(3, 2).canonical_json())
+    top = [{"token_id": 70, "logprob": -0.5}, {"token_id": 5, "logprob": -1.0}]
+    example = {
+        "id": "p0", "messages": [{"role": "user", "content": "q"}], "teacher_response": "x",
+        "teacher_tokens": [{"token_id": 70, "token": "x", "logprob": -0.5, "top_logprobs": top}],
+        "metadata": {"format": "kiln-registry.generation.v1", "job_id": "job-" + "1" * 24,
+                     "teacher": "t", "identity_digest": identity.digest(),
+                     "prompt_token_ids_sha256": "0" * 64, "completion_token_ids": [70],
+                     "finish_reason": "length", "settings": settings},
+    }  # fmt: skip
+    writer.write(json.dumps(example).encode() + b"\n")
+    writer.commit()
+    keys = {signer.public.key_id: signer.public}
+    assert verify_corpus(tmp_path / "v1.jsonl", keys).sequences == 1

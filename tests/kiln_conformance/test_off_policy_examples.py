@@ -12,7 +12,9 @@ line (byte-exact canonical JSON) and parses every other non-empty line as an
 ``Vec<TeacherTopLogprob>`` of ``token_id`` ``u32`` and ``logprob`` ``f32``),
 ``trajectory`` and ``metadata`` (``serde_json::Value``).  Preparation then
 refuses no messages, an empty ``teacher_response``, fewer than ``top_k``
-``top_logprobs`` per token, ids outside ``vocab_size`` and non-finite logprobs.
+``top_logprobs`` per token, ids outside ``vocab_size`` and non-finite logprobs,
+and (``kiln_rules``, newest opd.rs) teacher_tokens that are not one per action
+position of its own tokenization with that position's token id.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ import pytest
 
 from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
 from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.generation_kiln import KilnRenderer
 from kiln_registry.jobs.generation_output import ExampleContext, ExampleWriter, encode_example
 from kiln_registry.jobs.generation_sources import GenerationSettings, render, student_tokenizer
-from kiln_registry.jobs.generation_wire import Generated
+from kiln_registry.jobs.generation_wire import Generated, KilnTokens
 from kiln_registry.jobs.signing import key_path, load_or_create_signer
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.testing.tiny_models import TinyModel
-from tests.jobs.generation_harness import MESSAGES, add_chat_template
+from tests.jobs.generation_harness import CHAT_TEMPLATE, MESSAGES, add_chat_template
 from tests.jobs.harness import student_identity
+from tests.kiln_conformance.kiln_rules import Encoder, prepare_example
 
 EXAMPLE_FIELDS = {"id", "messages", "teacher_response", "teacher_tokens", "trajectory", "metadata"}
 U32 = 2**32
@@ -73,6 +77,14 @@ def check_example(value: object, top_k: int, vocab: int) -> None:
             assert _f32(entry["logprob"]) and math.isfinite(entry["logprob"])
 
 
+def _encoder(tokenizer: Any) -> Encoder:
+    def encode(text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        got = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        return list(got.ids), list(got.offsets)
+
+    return encode
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> Any:
     model = add_chat_template(tiny_model.path, tmp_path_factory.mktemp("chat") / "model")
@@ -92,10 +104,18 @@ def test_a_generation_corpus_parses_as_kiln_off_policy_examples(
     for index, messages in enumerate(MESSAGES):
         ids = [70 + index, 71, 72]
         tops = [[t, *[i for i in range(10, 20) if i != t][: top_k - 1]] for t in ids]
-        gen = Generated(ids, "length", [-0.5, -0.25, -1.0], tops,
-                        [[-0.1 * (r + 1) for r in range(top_k)] for _ in ids])  # fmt: skip
+        lps = [[-1.5 - r for r in range(top_k)] for _ in ids]
+        gen = Generated(ids, "length", [-0.5, -0.25, -1.0], tops, lps)
         if top_k == 0:
             gen = Generated(ids, "length")
+        else:  # the scores of the conversation as Kiln tokenizes it (made-up numbers)
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            seq = KilnRenderer.for_tokenizer(tokenizer).sequence(messages, text, "test")
+            at = [seq.token_ids[p] for p in seq.positions]
+            rows = [[t, *[i for i in range(10, 20) if i != t][: top_k - 1]] for t in at]
+            kiln = KilnTokens(seq.token_ids, seq.positions, [-1.5] * len(at), rows,
+                              [lps[0]] * len(at))  # fmt: skip
+            gen = Generated(ids, "length", [-0.5, -0.25, -1.0], tops, lps, kiln)
         prompt = render(tokenizer, messages, "test")
         sha = hashlib.sha256(str(prompt).encode()).hexdigest()
         writer.write(encode_example(ctx, f"p{index}", json.dumps(messages), sha, gen))
@@ -109,6 +129,9 @@ def test_a_generation_corpus_parses_as_kiln_off_policy_examples(
     for example, messages in zip(examples, MESSAGES, strict=True):
         assert example.get("schema") != OFF_POLICY_SCHEMA
         check_example(example, top_k, identity.vocab_size)
+        if top_k:  # Kiln's preparation (masking, count and ids, rows): see kiln_rules
+            encode = _encoder(tokenizer)
+            prepare_example(example, CHAT_TEMPLATE, encode, top_k, identity.vocab_size, {})
         assert example["messages"] == messages
         assert ("teacher_tokens" in example) == (top_k > 0)
     keys = {signer.public.key_id: signer.public}
