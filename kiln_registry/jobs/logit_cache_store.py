@@ -130,6 +130,8 @@ def _existing(path: Path, candidate: StoredEntry) -> StoredEntry | None:
 
 def put_entry(root: Path, entry: StoredEntry) -> Outcome:
     """Publish ``entry`` under the cache ``root`` by Kiln's merge rules (module docstring)."""
+    if not root.is_dir():
+        raise _error(f"cache root {root} is not a directory", "root")
     revision_dir, prefix_dir, name = entry.path.split("/")
     directory = _make_dirs(root, [revision_dir, prefix_dir])
     lock = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
