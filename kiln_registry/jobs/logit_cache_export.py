@@ -96,8 +96,9 @@ def publish_sequence(
     summary.sequences += 1
 
 
-def _rows(path: Path, sha256: str) -> Iterator[dict[str, Any]]:
-    """The row objects of the corpus at ``path``, whose signed bytes must hash to ``sha256``."""
+def _rows(path: Path, sha256: str | None) -> Iterator[dict[str, Any]]:
+    """The row objects of the corpus at ``path``, whose bytes before the trailer must hash to
+    the trailer's signed SHA-256 (and to ``sha256``, the verified one, when given)."""
     with path.open("rb") as handle:
         trailer = read_trailer(handle, os.fstat(handle.fileno()).st_size)
         handle.seek(0)
@@ -114,7 +115,8 @@ def _rows(path: Path, sha256: str) -> Iterator[dict[str, Any]]:
                     rule="logit_cache.corpus_format",
                 )
             yield row
-    if body.sha256.hexdigest() != sha256:
+    digest = body.sha256.hexdigest()
+    if digest != trailer.sha256 or (sha256 is not None and digest != sha256):
         raise InputError(
             f"{path} changed while it was exported: export it again",
             rule="logit_cache.corpus_changed",
@@ -126,8 +128,8 @@ def default_produced_at(path: Path) -> str:
     return kiln_timestamp(datetime.fromtimestamp(mtime, UTC))
 
 
-def _publish_corpus(
-    path: Path, identity: TeacherIdentity, sha256: str, root: Path, produced_at: str
+def publish_corpus(
+    path: Path, identity: TeacherIdentity, sha256: str | None, root: Path, produced_at: str
 ) -> ExportSummary:
     summary = ExportSummary()
     for row in _rows(path, sha256):
@@ -150,11 +152,11 @@ def export_corpus(
     stamp = produced_at or default_produced_at(path)
     if not to.name.endswith(ARCHIVE_SUFFIX):
         to.mkdir(mode=0o755, parents=True, exist_ok=True)
-        return _publish_corpus(path, checked.identity, checked.sha256, to, stamp)
+        return publish_corpus(path, checked.identity, checked.sha256, to, stamp)
     staging = to.parent / f".{to.name}.{secrets.token_hex(8)}.staging"
     staging.mkdir(mode=0o700)
     try:
-        summary = _publish_corpus(path, checked.identity, checked.sha256, staging, stamp)
+        summary = publish_corpus(path, checked.identity, checked.sha256, staging, stamp)
         summary.archive_bytes = write_archive(staging, to).bytes
     finally:
         shutil.rmtree(staging, ignore_errors=True)

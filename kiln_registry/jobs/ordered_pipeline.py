@@ -223,7 +223,11 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
         sha, size = await asyncio.to_thread(self.writer.commit)
         path = str(self.writer.final)
         self.writer = None
+        await self._committed(Path(path), sha)
         await asyncio.to_thread(self._succeed, path, sha, size)
+
+    async def _committed(self, path: Path, sha256: str) -> None:
+        """After the corpus is published, before the job succeeds (a failure fails the job)."""
 
     def _succeed(self, path: str, sha: str, size: int) -> None:
         claimed = self.claimed

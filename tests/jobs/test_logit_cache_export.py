@@ -123,3 +123,48 @@ def test_a_scoring_job_exports_as_kiln_logit_cache_v3(
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
     assert members == {f"logit-cache/{name}": data for name, data in before.items()}
     assert not list(tmp_path.glob(".*staging*")) and not list(tmp_path.glob(".*partial"))
+
+
+def test_a_job_with_output_kiln_logit_cache_v3_publishes_into_the_cache_root(
+    tmp_path: Path, tiny_model: TinyModel, reference_teacher: ReferenceTeacher
+) -> None:
+    root = tmp_path / "kiln-cache"
+    root.mkdir()
+    config = make_config(tmp_path, tiny_model.path, logit_cache_root=str(root))
+    ident_json = reference_teacher.identity.canonical_bytes().decode()
+    sequences = SEQUENCES[:2]
+    with running_registry(config) as reg:
+        reg.register("ref@tiny", reference_teacher.url, REFERENCE_MODEL_ID)
+        bad = reg.submit("ref@tiny", K, sequences=sequences, output="kiln-logit-cache-v2")
+        assert bad.status_code == 400, bad.text
+        submitted = reg.submit("ref@tiny", K, sequences=sequences, output="kiln-logit-cache-v3")
+        assert submitted.status_code == 201, submitted.text
+        assert submitted.json()["output"] == "kiln-logit-cache-v3"
+        job = reg.wait(submitted.json()["id"])
+        assert job["status"] == "succeeded", job["error"]
+        rows = [json.loads(line) for line in
+                reg.http.get(f"/v1/jobs/{job['id']}/result").text.splitlines()[1:-1]]  # fmt: skip
+        for row in rows:
+            tokens = row["token_ids"]
+            for position in range(len(tokens)):
+                hit = kiln.kiln_get(root, ident_json, tokens, position)
+                assert hit is not None and hit["indices"] == row["topk_ids"][position]
+                assert hit["produced_at"].endswith("+00:00")
+        before = _snapshot(root)
+        assert len(before) == sum(len(s) for s in sequences)
+
+        # A stored entry that disagrees with the teacher: the next job fails closed, the
+        # conflicting file stays as it was and the job leaves no corpus.
+        path = root / sorted(before)[0]
+        stored = lc.parse_entry(path.read_bytes())
+        flipped = (*stored.row.logprobs[:-1], lc.to_f32(stored.row.logprobs[-1] - 0.5))
+        changed = lc.CacheRow(stored.row.indices, flipped, stored.row.produced_at)
+        path.write_bytes(lc.StoredEntry(stored.identity, stored.prefix, stored.position,
+                                        changed).encode())  # fmt: skip
+        tampered = _snapshot(root)
+        again = reg.submit("ref@tiny", K, sequences=sequences, output="kiln-logit-cache-v3")
+        failed = reg.wait(again.json()["id"])
+        assert failed["status"] == "failed", failed
+        assert failed["error"]["rule"] == "logit_cache.conflict", failed
+        assert _snapshot(root) == tampered
+        assert not (tmp_path / "results" / f"{failed['id']}.jsonl").exists()
