@@ -147,6 +147,12 @@ def export_corpus(
 ) -> ExportSummary:
     """Verify the corpus at ``path`` and publish its rows into ``to`` (see the docstring)."""
     checked = verify_corpus(path, keys)
+    if path.with_name(path.name + ".sig").is_file():
+        raise InputError(
+            f"{path} is an off-policy generation corpus, which Kiln reads as it is: only"
+            f" teacher-scoring corpora ({ROW_FORMAT}) are exported to the logit cache",
+            rule="logit_cache.corpus_format",
+        )
     if checked.top_k is None:
         raise InputError(f"{path}: the corpus has no rows to export", rule="corpus.empty")
     stamp = produced_at or default_produced_at(path)
