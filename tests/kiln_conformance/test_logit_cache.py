@@ -257,3 +257,21 @@ def test_target_positions_map_to_the_previous_causal_row() -> None:
         with pytest.raises(kiln.KilnRefused):
             kiln.target_rows(5, bad)
     assert json.loads(json.dumps(kiln.FIELDS)) == list(lc.ENTRY_KEYS)
+
+
+def test_an_interrupted_write_leaves_nothing_kiln_reads(tmp_path: Path) -> None:
+    # Kiln's scans take only `v3-*/<prefix>/<name>.json` regular files
+    # (looks_like_v3_entry_path): our temporary names end in `.tmp`, never `.json`, so a
+    # temporary file a killed export left behind is neither read nor exported, and the next
+    # put of that row simply writes the entry.
+    ident, tokens = identity(), [1, 2, 3]
+    entry = lc.make_entry(ident, tokens, 1, valid_row(1, 2))
+    directory = tmp_path / "root" / Path(entry.path).parent
+    directory.mkdir(parents=True)
+    leftover = directory / ".1.json.0123456789abcdef.tmp"
+    leftover.write_bytes(entry.encode()[:40])  # a torn write, as a SIGKILL would leave it
+    assert kiln.kiln_get(tmp_path / "root", jtext(ident), tokens, 1) is None
+    assert write_archive(tmp_path / "root", tmp_path / "a.tar.gz").entries == 0
+    assert put_entry(tmp_path / "root", entry) == "written"
+    assert kiln.kiln_get(tmp_path / "root", jtext(ident), tokens, 1) is not None
+    assert write_archive(tmp_path / "root", tmp_path / "b.tar.gz").entries == 1
