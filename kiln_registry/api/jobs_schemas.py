@@ -85,6 +85,12 @@ class JobCreate(BaseModel):
         default=None,
         description="A corpus file on the server (exactly one of `sequences` and `corpus`).",
     )
+    output: Literal["kiln-logit-cache-v3"] | None = Field(
+        default=None,
+        description="`kiln-logit-cache-v3`: besides its signed corpus, the job publishes every"
+        " row as an entry of Kiln's logit cache v3 under `[jobs] logit_cache_root` (merged by"
+        " Kiln's rules) before it succeeds.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> JobCreate:
@@ -283,6 +289,10 @@ class JobPublic(WireModel):
     result: JobResultInfo | None = Field(
         description="The result corpus of a succeeded job, else null."
     )
+    output: Literal["kiln-logit-cache-v3"] | None = Field(
+        default=None,
+        description="`kiln-logit-cache-v3` when the job also publishes Kiln logit-cache entries.",
+    )
 
 
 class JobsListResponse(WireModel):
@@ -347,4 +357,5 @@ def job_public(row: JobRow) -> JobPublic:
         ),
         error=error,
         result=result,
+        output="kiln-logit-cache-v3" if row.output == "kiln-logit-cache-v3" else None,
     )

@@ -1,4 +1,4 @@
-"""``kiln corpus verify`` and ``kiln keys show``: checking signed teacher corpora.
+"""``kiln corpus verify``, ``kiln corpus export`` and ``kiln keys show``: signed teacher corpora.
 
 ``corpus verify FILE`` checks the corpus's signature trailer against the
 registry's public key (``GET /v1/keys`` from ``--server``, else
@@ -10,6 +10,12 @@ corpus (written before corpora were signed) is refused: there is no option
 to accept one, because a corpus without a signature cannot show that its
 scores are the teacher's; submitting the job again gives a signed corpus
 quickly from the score cache.
+
+``corpus export FILE --format kiln-logit-cache-v3 --to DIR|FILE.tar.gz`` verifies
+a teacher-scoring corpus the same way (signature and every line; the key from
+the server or ``--public-key``) and publishes every row as an entry of Kiln's
+logit cache v3 (``jobs.logit_cache_export``): merged into the cache root
+``DIR``, or written as Kiln's deterministic archive.
 
 ``keys show`` prints the registry's public key: read from the key file
 beside the database named by ``--config`` (never created there: the server
@@ -117,6 +123,34 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_keys(args: argparse.Namespace) -> dict[str, PublicKey]:
+    from kiln_registry.jobs.signing import read_keys_file
+
+    if args.public_key is None:
+        with registry_client(args) as client:
+            return client.signing_keys()
+    if args.server is not None:
+        raise InputError(
+            "--public-key verifies offline: pass either --public-key or --server",
+            rule="client.options",
+        )
+    return read_keys_file(args.public_key)
+
+
+def _corpus_export(args: argparse.Namespace) -> int:
+    from kiln_registry.jobs.logit_cache import check_timestamp
+    from kiln_registry.jobs.logit_cache_export import export_corpus
+
+    if args.produced_at is not None:
+        check_timestamp(args.produced_at)
+    summary = export_corpus(args.file, _export_keys(args), args.to, args.produced_at)
+    done = ", ".join(f"{count} {name}" for name, count in summary.outcomes.items())
+    where = f"archive {args.to} ({summary.archive_bytes} bytes)" if summary.archive_bytes else (
+        f"cache root {args.to}")  # fmt: skip
+    print(f"ok: {summary.sequences} sequences, {summary.entries} entries ({done}) in {where}")
+    return 0
+
+
 def _local_keys(config_path: Path) -> list[PublicKey]:
     from kiln_registry.config.settings import load_config
     from kiln_registry.jobs.signing import key_path, load_signer
@@ -160,6 +194,29 @@ def register(sub: SubParsers) -> None:
         help="verify offline against this saved GET /v1/keys document (`kiln keys show --json`)",
     )
     p.set_defaults(func=_corpus_verify)
+    p = group.add_parser(
+        "export",
+        help="publish a verified scoring corpus as Kiln logit-cache entries (a root or .tar.gz)",
+        parents=[_common()],
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument("--format", required=True, choices=["kiln-logit-cache-v3"])
+    p.add_argument(
+        "--to",
+        type=Path,
+        required=True,
+        metavar="DIR|FILE.tar.gz",
+        help="a Kiln cache root to merge into (created if missing), or an archive to write",
+    )
+    p.add_argument(
+        "--public-key", type=Path, metavar="FILE", help="verify offline against this keys document"
+    )
+    p.add_argument(
+        "--produced-at",
+        metavar="RFC3339",
+        help="the entries' produced_at (default: the corpus file's modification time)",
+    )
+    p.set_defaults(func=_corpus_export)
     group = sub.add_parser("keys", help="the registry's corpus-signing key").add_subparsers(
         dest="keys_command", required=True, metavar="COMMAND"
     )

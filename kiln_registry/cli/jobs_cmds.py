@@ -92,6 +92,8 @@ def _submit(args: argparse.Namespace) -> int:
         body["corpus"] = {"path": args.corpus}
     else:
         body["sequences"] = _sequences_file(args.sequences)
+    if args.output is not None:
+        body["output"] = args.output
     with registry_client(args) as client:
         job = client.submit(body)
     if args.json:
@@ -243,6 +245,11 @@ def _register_jobs(sub: SubParsers) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", metavar="PATH", help="JSONL under the server's corpus_root")
     source.add_argument("--sequences", type=Path, metavar="FILE", help="JSON [[ids], ...]")
+    p.add_argument(
+        "--output",
+        choices=["kiln-logit-cache-v3"],
+        help="also publish the rows into the server's [jobs] logit_cache_root (Kiln's cache)",
+    )
     p.set_defaults(func=_submit)
     p = group.add_parser("list", help="list jobs, newest first", parents=[common])
     p.add_argument("--status", choices=[status.value for status in JobStatus])

@@ -315,6 +315,8 @@ class JobsConfig(JobsGuardKeys):
     corpus_root: ConfigPath | None = None
     result_root: ConfigPath | None = None
     cache: StrictBool = True
+    # Issue 26: where scoring jobs with "output": "kiln-logit-cache-v3" publish Kiln's cache.
+    logit_cache_root: ConfigPath | None = None
     # Issue 17: a claim is a lease renewed every heartbeat; another worker may take the job
     # over ``lease_timeout_s`` after the last renewal.  ``kiln serve`` runs workers unless false.
     lease_heartbeat_s: Annotated[StrictFloat, Field(gt=0, le=600)] = 5.0

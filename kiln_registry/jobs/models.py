@@ -92,6 +92,9 @@ class JobRow(Base):
     # Worker leases (0006): who holds the job, and until when without a renewal.
     lease_owner: Mapped[str | None] = mapped_column(Text)
     lease_expires_at: Mapped[str | None] = mapped_column(Text)
+    # Issue 26 (0009): ``kiln-logit-cache-v3`` when a scoring job also publishes its rows
+    # into ``[jobs] logit_cache_root``; NULL otherwise.
+    output: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"JobRow(id={self.id!r}, status={self.status!r}, teacher={self.teacher_alias!r})"

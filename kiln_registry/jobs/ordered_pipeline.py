@@ -57,6 +57,9 @@ class Writer(Protocol):
     @property
     def final(self) -> Path: ...
 
+    @property
+    def partial(self) -> Path: ...
+
     def seal(self) -> tuple[str, int]: ...
 
     def publish(self) -> None: ...
@@ -232,8 +235,13 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
         self.claimed.check_lease()
         assert self.writer is not None
         sha, size = await asyncio.to_thread(self.writer.seal)
+        await self._committed(self.writer.partial, sha)
         await asyncio.to_thread(self._succeed, self.writer, sha, size)
         self.writer = None
+
+    async def _committed(self, path: Path, sha256: str) -> None:
+        """After the corpus is sealed (``path``: this claim's partial file), before the job
+        succeeds and the corpus is published (a failure fails the job)."""
 
     def _succeed(self, writer: WriterT, sha: str, size: int) -> None:
         """Record the result and rename it into place in one transaction, if still ours.

@@ -9,7 +9,10 @@ together with the progress counters (and the durable cancel flag is read
 back then).  When any answer fails, every outstanding request is cancelled,
 the unflushed batch is dropped and the partial corpus deleted by the caller.
 The corpus is signed (once, over the digest taken while writing) and published
-atomically before the job is marked ``succeeded``.  The loop itself is
+atomically before the job is marked ``succeeded``; a job with ``output``
+``kiln-logit-cache-v3`` then publishes that corpus's rows into ``[jobs]
+logit_cache_root`` as Kiln logit-cache entries (``jobs.logit_cache_export``), and
+fails (its corpus removed) if any entry conflicts with one already there.  The loop itself is
 ``jobs.ordered_pipeline`` (shared with off-policy generation); this module
 says how sequences are read, scored, cached and written.
 
@@ -18,6 +21,8 @@ Imports: standard library, numpy, ``kiln_registry.db`` and ``jobs``.
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar, Final
 
@@ -25,12 +30,16 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy.orm import Session
 
+from kiln_registry.domain.errors import JobInvalid
 from kiln_registry.jobs import cache as score_cache
 from kiln_registry.jobs.cache import ScoredSequence
 from kiln_registry.jobs.corpus import CorpusWriter, RowContext
+from kiln_registry.jobs.logit_cache import kiln_timestamp
+from kiln_registry.jobs.logit_cache_export import publish_corpus
 from kiln_registry.jobs.ordered_pipeline import OrderedPipeline
 from kiln_registry.jobs.repository import JobRepository, SequenceItem
 from kiln_registry.jobs.scoring import ScoringTarget, score_sequence
+from kiln_registry.jobs.service import LOGIT_CACHE_OUTPUT
 from kiln_registry.jobs.state import ClaimedJob
 
 PAGE_SIZE: Final = 1_000
@@ -91,3 +100,24 @@ class ScoringPipeline(OrderedPipeline[SequenceItem, ScoredSequence, CorpusWriter
 
     def _write(self, writer: CorpusWriter, row: SequenceItem, result: ScoredSequence) -> None:
         writer.write(row.seq_id, _tokens(row), result, row.token_sha256)
+
+    async def _committed(self, path: Path, sha256: str) -> None:
+        """``output`` ``kiln-logit-cache-v3``: publish the signed corpus's rows into Kiln's
+        cache root; on any failure the corpus is removed and the job fails."""
+        if self.claimed.job.output != LOGIT_CACHE_OUTPUT:
+            return
+        root = self.claimed.env.config.jobs.logit_cache_root
+        produced_at = kiln_timestamp(datetime.now(UTC))
+        try:
+            if root is None:
+                raise JobInvalid(
+                    "[jobs] logit_cache_root is no longer set: the job cannot publish its"
+                    " logit-cache entries",
+                    rule="job.logit_cache_root",
+                )
+            await asyncio.to_thread(
+                publish_corpus, path, self.claimed.identity, None, root, produced_at
+            )
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise

@@ -4,7 +4,9 @@ Submission pins the alias's complete spec (identity, URL, credential id,
 model id, bounds, and the registry row's creation time, so a delete and
 re-register is detected even with identical values) into the job row and
 copies every input sequence into ``job_sequences``, after validating each
-one against the pinned identity (``jobs.sources``).  Unknown aliases are
+one against the pinned identity (``jobs.sources``).  ``output``
+``kiln-logit-cache-v3`` (the job also publishes Kiln logit-cache entries)
+needs ``[jobs] logit_cache_root``.  Unknown aliases are
 ``TeacherNotFound.in_job`` (``400 teacher_not_registered``); aliases without a
 verified, usable identity are ``IdentityRequired``.  The corpus is read outside
 any transaction; the insert transaction re-reads the alias and refuses
@@ -41,6 +43,7 @@ from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.sources import LoadedSequences, corpus_sequences, inline_sequences
 
 RESULT_DIR_NAME = "job-results"
+LOGIT_CACHE_OUTPUT = "kiln-logit-cache-v3"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class JobSubmission:
     top_k: int
     sequences: Sequence[Sequence[object]] | None = None
     corpus_path: str | None = None
+    output: str | None = None  # LOGIT_CACHE_OUTPUT: also publish into [jobs] logit_cache_root
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,15 @@ def _load(config: KilnConfig, sub: JobSubmission, identity: TeacherIdentity) -> 
             f"top_k: {sub.top_k} is outside 1..={identity.max_top_k} (the teacher's max_top_k)",
             rule="job.top_k",
         )
+    if sub.output not in (None, LOGIT_CACHE_OUTPUT):
+        raise JobInvalid(f"output: unknown output {sub.output!r}", rule="job.output")
+    if sub.output is not None and config.jobs.logit_cache_root is None:
+        raise JobInvalid(
+            f'output: "{LOGIT_CACHE_OUTPUT}" needs [jobs] logit_cache_root, which is not set',
+            rule="job.logit_cache_root",
+            hint="set [jobs] logit_cache_root in kiln.toml to the Kiln logit cache root,"
+            " or submit without output and use `kiln corpus export`",
+        )
     if (sub.sequences is None) == (sub.corpus_path is None):
         raise JobInvalid("give exactly one of sequences and corpus", rule="job.source")
     if sub.sequences is not None:
@@ -157,7 +170,7 @@ def _job_row(
         corpus_path=loaded.corpus_path, corpus_sha256=loaded.corpus_sha256,
         sequence_count=len(loaded.sequences), token_count=loaded.token_count, device=None,
         claim_token=None, cancel_requested=0, attempts=0, scored_count=0, cache_hits=0,
-        requests_sent=0, retries=0, created_at=now, updated_at=now,
+        requests_sent=0, retries=0, created_at=now, updated_at=now, output=sub.output,
     )  # fmt: skip
 
 

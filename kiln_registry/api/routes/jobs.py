@@ -71,6 +71,7 @@ async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPubli
             top_k=body.top_k,
             sequences=body.sequences,
             corpus_path=body.corpus.path if body.corpus is not None else None,
+            output=body.output,
         )
         row = await run_in_threadpool(service.submit_job, ctx.config, ctx.sessions, submission)
     workers = _workers(request)
