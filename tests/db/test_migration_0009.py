@@ -24,7 +24,8 @@ from kiln_registry.db.location import parse_postgres
 from kiln_registry.db.models import metadata
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.repository import JobRepository
-from tests.db.test_migration_0005 import _alembic
+from tests.db.test_migration_0005 import JOB_COLUMNS, _alembic
+from tests.db.test_migration_0005 import _job as old_job
 from tests.jobs.test_store import _job
 from tests.pg_server import PostgresServer
 
@@ -89,12 +90,13 @@ def test_counters_above_2_to_the_32_are_stored_and_read(engine: Engine) -> None:
 
 def test_a_populated_0008_database_upgrades_and_matches_the_models(engine: Engine) -> None:
     _alembic(engine, "upgrade", "0008_teacher_replicas")
-    sessions = session_factory(engine)
-    with unit_of_work(sessions) as session:
-        JobRepository(session).insert(_job("job-old"), [("0", b"\x01\0\0\0", "x")])
+    marks = ", ".join(f":c{i}" for i in range(len(old_job("job-old"))))
+    with engine.begin() as conn:  # the columns of 0008, as a server of that release wrote
+        values = {f"c{i}": v for i, v in enumerate(old_job("job-old"))}
+        conn.execute(text(f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({marks})"), values)
     assert upgrade_to_head(engine) == head_revision()
-    with unit_of_work(sessions) as session:
-        assert JobRepository(session).require("job-old").token_count == 1
+    with unit_of_work(session_factory(engine)) as session:
+        assert JobRepository(session).require("job-old").token_count == 3
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = compare_metadata(context, metadata)
