@@ -1,6 +1,7 @@
 """The check every teacher answer passes before a byte of it is relayed.
 
-An HTTP 200 body must be strict JSON (``probe.parse.strict_loads``) that
+An HTTP 200 body must be strict JSON (``endpoint.fast_rows.fast_tree`` when orjson's
+tree is provably the strict one, else ``probe.parse.strict_loads``) that
 
 * carries the pinned ``system_fingerprint`` exactly (else the rule is
   ``endpoint.fingerprint`` and the error type ``teacher_identity_changed``);
@@ -21,11 +22,16 @@ the endpoint's admission types; pure (no sockets).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.endpoint.admission import Admitted, Pin
+from kiln_registry.endpoint.fast_rows import KeyCount, check_rows_fast, envelope_keys, fast_tree
 from kiln_registry.probe.parse import check_logprob, parse_rows, strict_loads
+
+RowsCheck = Callable[..., object]
 
 
 class AnswerRefused(Exception):
@@ -41,13 +47,25 @@ class AnswerRefused(Exception):
 def check_answer(body: bytes, admitted: Admitted, pin: Pin, fingerprint: str) -> None:
     """Refuse ``body`` unless it is an answer of the pinned teacher to ``admitted``."""
     try:
+        fast = fast_tree(body)  # orjson, kept only when no object repeated a key
+        if fast is not None:
+            seen = KeyCount()
+            _check_tree(fast[0], admitted, pin, fingerprint, partial(check_rows_fast, seen=seen))
+            if envelope_keys(fast[0]) + seen.keys == fast[1]:
+                return
         top = strict_loads(body, what="the teacher's answer")
-        _check_envelope(top, pin, fingerprint)
-        assert isinstance(top, dict)
-        for choice in _choices(top.get("choices"), admitted.choices):
-            _check_choice(choice, admitted, pin)
+        _check_tree(top, admitted, pin, fingerprint, parse_rows)
     except ProbeFailed as exc:
         raise AnswerRefused(exc.message, exc.rule or "probe.shape") from None
+
+
+def _check_tree(
+    top: object, admitted: Admitted, pin: Pin, fingerprint: str, rows_check: RowsCheck
+) -> None:
+    _check_envelope(top, pin, fingerprint)
+    assert isinstance(top, dict)
+    for choice in _choices(top.get("choices"), admitted.choices):
+        _check_choice(choice, admitted, pin, rows_check)
 
 
 def _check_envelope(top: object, pin: Pin, fingerprint: str) -> None:
@@ -82,7 +100,9 @@ def _choices(value: object, expected: int) -> list[dict[str, Any]]:
     return value
 
 
-def _check_choice(choice: dict[str, Any], admitted: Admitted, pin: Pin) -> None:
+def _check_choice(
+    choice: dict[str, Any], admitted: Admitted, pin: Pin, rows_check: RowsCheck
+) -> None:
     prompt = admitted.prompts[choice["index"] // admitted.n]
     rows = choice.get("prompt_logprobs")
     k = admitted.prompt_logprobs
@@ -96,7 +116,7 @@ def _check_choice(choice: dict[str, Any], admitted: Admitted, pin: Pin) -> None:
                 raise AnswerRefused("a text prompt's rows are out of bounds", "endpoint.rows")
         else:
             expected = len(prompt)
-        parse_rows(
+        rows_check(
             rows,
             expected_prompt_len=expected,
             k=k,

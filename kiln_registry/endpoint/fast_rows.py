@@ -1,0 +1,125 @@
+"""The fast path of the answer check: orjson's tree, proved to be the strict parser's.
+
+``fast_tree`` parses a teacher answer with orjson (C; refuses NaN, Infinity and invalid
+UTF-8 itself) and counts the text's key endings: each key ends in a quote, optional white
+space and a colon, so when the parsed objects hold as many keys as the text has such
+endings, no object repeated a key (the gateway's proof).  The caller counts the keys:
+``envelope_keys`` outside the rows, ``check_rows_fast`` inside them (it visits every
+candidate anyway); on any difference it uses the strict parser instead, which refuses
+or accepts with its own rule.  orjson reads an integer past 64 bits as a float: every
+integer this check reads (a choice's ``index``, a ``rank``) is then refused as not an
+integer, as the strict path refuses it (out of range); a logprob keeps its verdict.
+
+``check_rows_fast`` applies ``probe.parse.parse_rows``'s rules to one choice's rows in the
+orjson tree (first entry null, one row per prompt token, 1..K+1 candidates a row, the
+candidate budget, canonical decimal ids below ``vocab_size``, ``logprob`` a finite number
+<= 0 that is finite as float32, ``rank`` an integer in 1..=``vocab_size``) without
+building columns.  A broken rule raises ``ProbeFailed`` with the strict rule's name.
+
+Imports the standard library, orjson and ``probe.parse``; pure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Final
+
+import orjson
+
+from kiln_registry.probe.parse import F32_OVERFLOW, fail
+
+_KEY_END: Final = re.compile(rb'"[ \t\n\r]*:')
+_SPACED_KEY_END: Final = re.compile(rb'"[ \t\n\r]+:')
+_CONTAINERS: Final = (dict, list)
+
+
+class KeyCount:
+    """Keys seen by ``check_rows_fast`` in rows and candidates (the envelope counts the rest)."""
+
+    def __init__(self) -> None:
+        self.keys = 0
+
+
+def fast_tree(body: bytes) -> tuple[Any, int] | None:
+    """orjson's tree of ``body`` and the text's key endings; None where orjson cannot parse."""
+    try:
+        value = orjson.loads(body)
+    except (orjson.JSONDecodeError, RecursionError):
+        return None
+    endings = body.count(b'":')
+    if _SPACED_KEY_END.search(body) is not None:
+        endings = len(_KEY_END.findall(body))
+    return value, endings
+
+
+def envelope_keys(value: object) -> int:
+    """Keys of every object in ``value`` except those inside ``prompt_logprobs`` arrays."""
+    if type(value) is dict:
+        count = len(value)
+        for key, item in value.items():
+            if type(item) in _CONTAINERS and key != "prompt_logprobs":
+                count += envelope_keys(item)
+        return count
+    if type(value) is list:
+        return sum(envelope_keys(v) for v in value if type(v) in _CONTAINERS)
+    return 0
+
+
+def check_rows_fast(
+    entries: object,
+    *,
+    expected_prompt_len: int,
+    k: int,
+    vocab_size: int,
+    max_candidates: int,
+    seen: KeyCount | None = None,
+) -> None:
+    """``parse_rows``'s verdict on one choice's ``prompt_logprobs`` (see the module)."""
+    if not isinstance(entries, list):
+        fail("prompt_logprobs_type", "choices[].prompt_logprobs is not an array")
+    if len(entries) != expected_prompt_len:
+        fail("prompt_logprobs_length", f"prompt_logprobs has {len(entries)} entries,"
+             f" expected {expected_prompt_len} (one per prompt token)")  # fmt: skip
+    if entries and entries[0] is not None:
+        fail("prompt_logprobs_first", "prompt_logprobs[0] must be null")
+    digits = len(str(vocab_size - 1))
+    total = keys = 0
+    for pos in range(1, len(entries)):
+        row = entries[pos]
+        if type(row) is not dict or not 0 < len(row) <= k + 1:
+            fail("row_width", f"prompt_logprobs[{pos}] is not an object of 1..{k + 1} candidates")
+        total += len(row)
+        keys += len(row)
+        if total > max_candidates:
+            fail("candidate_budget", f"prompt_logprobs has more than {max_candidates} candidates")
+        for key, cand in row.items():
+            if not (0 < len(key) <= digits and key.isascii() and key.isdigit()) or (
+                len(key) > 1 and key[0] == "0"
+            ):
+                fail("token_id", f"prompt_logprobs[{pos}] has a token key that is not an id")
+            if int(key) >= vocab_size:
+                fail("token_id_range", f"prompt_logprobs[{pos}] has an id over vocab_size")
+            keys += _check_candidate(cand, pos, vocab_size)
+    if seen is not None:
+        seen.keys += keys
+
+
+def _check_candidate(cand: Any, pos: int, vocab_size: int) -> int:
+    """Check one candidate; the number of keys it holds."""
+    if type(cand) is not dict:
+        fail("candidate_shape", f"prompt_logprobs[{pos}] has a candidate that is not an object")
+    logprob, rank = cand.get("logprob"), cand.get("rank")
+    if type(logprob) is float:
+        if not (-F32_OVERFLOW < logprob <= 0.0):
+            if math.isfinite(logprob) and logprob > 0.0:
+                fail("logprob_positive", f"prompt_logprobs[{pos}] has a positive logprob")
+            fail("logprob_float32", f"prompt_logprobs[{pos}] has a logprob out of float32")
+    elif type(logprob) is int:
+        if not (-F32_OVERFLOW < logprob <= 0):
+            fail("logprob_positive", f"prompt_logprobs[{pos}] has a logprob out of range")
+    else:
+        fail("logprob_type", f"prompt_logprobs[{pos}] has a logprob that is not a number")
+    if type(rank) is not int or not 1 <= rank <= vocab_size:
+        fail("rank_range", f"prompt_logprobs[{pos}] has a rank outside 1..={vocab_size}")
+    return len(cand)
