@@ -1,9 +1,9 @@
 """The fast path of the answer check: orjson's tree, proved to be the strict parser's.
 
 ``fast_tree`` parses a teacher answer with orjson (C; refuses NaN, Infinity and invalid
-UTF-8 itself) and counts the text's key endings: each key ends in a quote, optional white
-space and a colon, so when the parsed objects hold as many keys as the text has such
-endings, no object repeated a key (the gateway's proof).  The caller counts the keys:
+UTF-8 itself) and counts the keys of the text exactly (``key_endings``: the closing
+quotes followed by a colon, found with numpy), so when the parsed objects hold as many
+keys as the text, no object repeated a key.  The caller counts the keys:
 ``envelope_keys`` outside the rows, ``check_rows_fast`` inside them (it visits every
 candidate anyway); on any difference it uses the strict parser instead, which refuses
 or accepts with its own rule.  orjson reads an integer past 64 bits as a float: every
@@ -16,21 +16,24 @@ candidate budget, canonical decimal ids below ``vocab_size``, ``logprob`` a fini
 <= 0 that is finite as float32, ``rank`` an integer in 1..=``vocab_size``) without
 building columns.  A broken rule raises ``ProbeFailed`` with the strict rule's name.
 
-Imports the standard library, orjson and ``probe.parse``; pure.
+Imports the standard library, numpy, orjson and ``probe.parse``; pure.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Final
 
+import numpy as np
 import orjson
 
 from kiln_registry.probe.parse import F32_OVERFLOW, fail
 
-_KEY_END: Final = re.compile(rb'"[ \t\n\r]*:')
-_SPACED_KEY_END: Final = re.compile(rb'"[ \t\n\r]+:')
+_QUOTE: Final = 0x22
+_BACKSLASH: Final = 0x5C
+_COLON: Final = 0x3A
+_BLANK_BYTES: Final = frozenset(b" \t\n\r")
+_BLANKS: Final = np.array([0x20, 0x09, 0x0A, 0x0D], dtype=np.uint8)
 _CONTAINERS: Final = (dict, list)
 
 
@@ -42,15 +45,41 @@ class KeyCount:
 
 
 def fast_tree(body: bytes) -> tuple[Any, int] | None:
-    """orjson's tree of ``body`` and the text's key endings; None where orjson cannot parse."""
+    """orjson's tree of ``body`` and the text's key count; None where orjson cannot parse."""
     try:
         value = orjson.loads(body)
     except (orjson.JSONDecodeError, RecursionError):
         return None
-    endings = body.count(b'":')
-    if _SPACED_KEY_END.search(body) is not None:
-        endings = len(_KEY_END.findall(body))
-    return value, endings
+    return value, key_endings(body)
+
+
+def key_endings(body: bytes) -> int:
+    """How many keys the text of a valid JSON document holds.
+
+    The unescaped quotes of valid JSON alternate opening and closing; a closing quote
+    whose next non-blank byte is a colon ends a key.  A quote is escaped when an odd run
+    of backslashes precedes it (runs are measured only where a backslash precedes one).
+    """
+    text = np.frombuffer(body, dtype=np.uint8)
+    quotes = np.flatnonzero(text == _QUOTE)
+    before = text[np.maximum(quotes - 1, 0)]
+    escaped = np.zeros(quotes.size, dtype=bool)
+    for index in np.flatnonzero(before == _BACKSLASH).tolist():
+        at = int(quotes[index]) - 1
+        start = at
+        while at >= 0 and body[at] == _BACKSLASH:
+            at -= 1
+        escaped[index] = (start - at) % 2 == 1
+    closing = quotes[~escaped][1::2]
+    closing = closing[closing + 1 < len(body)]
+    after = text[closing + 1]
+    count = int(np.count_nonzero(after == _COLON))
+    for position in closing[np.isin(after, _BLANKS)].tolist():
+        at = position + 1
+        while at < len(body) and body[at] in _BLANK_BYTES:  # each run of blanks walked once
+            at += 1
+        count += at < len(body) and body[at] == _COLON
+    return count
 
 
 def envelope_keys(value: object) -> int:

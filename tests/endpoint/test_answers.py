@@ -80,3 +80,20 @@ def test_a_repeated_key_goes_the_strict_way_and_is_refused(real: Any) -> None:
     )
     assert json.loads(doubled)["system_fingerprint"] == fingerprint  # what a client sees
     assert _refused(doubled, real).rule == "probe.json_duplicate_key"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":1,"b":{"c":[1,{"d":"e"}]}}',
+        '{"decoded_token":":","x":"\\":","y":"\\\\","z":"\\\\\\":"}',
+        '{ "a" : 1 , "b" :\n {"c" :\t"{\\"k\\": 2}"}}',
+        '{"":"","a":[":",":\\"",{"b":":"}]}',
+    ],
+)
+def test_key_endings_counts_exactly_the_keys(text: str) -> None:
+    from kiln_registry.endpoint.fast_rows import key_endings
+
+    pairs: list[int] = []
+    json.loads(text, object_pairs_hook=lambda items: pairs.append(len(items)) or dict(items))
+    assert key_endings(text.encode()) == sum(pairs)
