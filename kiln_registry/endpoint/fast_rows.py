@@ -21,6 +21,7 @@ Imports the standard library, numpy, orjson and ``probe.parse``; pure.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Final
 
@@ -35,6 +36,7 @@ _COLON: Final = 0x3A
 _BLANK_BYTES: Final = frozenset(b" \t\n\r")
 _BLANKS: Final = np.array([0x20, 0x09, 0x0A, 0x0D], dtype=np.uint8)
 _CONTAINERS: Final = (dict, list)
+BULK_VOCAB_LIMIT: Final = 1 << 20  # above it, ids are checked one by one (no id set)
 
 
 class KeyCount:
@@ -104,7 +106,74 @@ def check_rows_fast(
     max_candidates: int,
     seen: KeyCount | None = None,
 ) -> None:
-    """``parse_rows``'s verdict on one choice's ``prompt_logprobs`` (see the module)."""
+    """``parse_rows``'s verdict on one choice's ``prompt_logprobs`` (see the module).
+
+    The common case is checked in bulk (C-level ``map``/``set`` and numpy); any doubt
+    walks the rows one by one (``check_rows_walk``), which names the rule and position.
+    """
+    keys = _bulk_keys(entries, expected_prompt_len, k, vocab_size, max_candidates)
+    if keys is None:
+        check_rows_walk(
+            entries,
+            expected_prompt_len=expected_prompt_len,
+            k=k,
+            vocab_size=vocab_size,
+            max_candidates=max_candidates,
+            seen=seen,
+        )
+    elif seen is not None:
+        seen.keys += keys
+
+
+@functools.lru_cache(maxsize=4)
+def _id_strings(vocab_size: int) -> frozenset[str]:
+    """Every canonical decimal id below ``vocab_size`` (built once per vocabulary)."""
+    return frozenset(map(str, range(vocab_size)))
+
+
+def _bulk_keys(
+    entries: object, expected_len: int, k: int, vocab_size: int, max_candidates: int
+) -> int | None:
+    """The rows' and candidates' key count when every rule holds in bulk, else None."""
+    if type(entries) is not list or len(entries) != expected_len or not entries:
+        return None
+    rows = entries[1:]
+    if entries[0] is not None or (rows and set(map(type, rows)) != {dict}):
+        return None
+    widths = list(map(len, rows))
+    if rows and (min(widths) < 1 or max(widths) > k + 1 or sum(widths) > max_candidates):
+        return None
+    if vocab_size > BULK_VOCAB_LIMIT:
+        return None
+    ids = _id_strings(vocab_size)
+    if not all(map(ids.issuperset, rows)):
+        return None
+    cands = [c for row in rows for c in row.values()]
+    if cands and set(map(type, cands)) != {dict}:
+        return None
+    logprobs = [c.get("logprob") for c in cands]
+    ranks = [c.get("rank") for c in cands]
+    if cands and (not set(map(type, logprobs)) <= {float, int} or set(map(type, ranks)) != {int}):
+        return None
+    lp = np.array(logprobs, dtype=np.float64)
+    rk = np.array(ranks, dtype=np.int64)
+    if lp.size and not (lp.max() <= 0.0 and lp.min() > -F32_OVERFLOW):
+        return None
+    if rk.size and not (rk.min() >= 1 and rk.max() <= vocab_size):
+        return None
+    return sum(widths) + sum(map(len, cands))
+
+
+def check_rows_walk(
+    entries: object,
+    *,
+    expected_prompt_len: int,
+    k: int,
+    vocab_size: int,
+    max_candidates: int,
+    seen: KeyCount | None = None,
+) -> None:
+    """``check_rows_fast`` row by row: the first broken rule raises, with its position."""
     if not isinstance(entries, list):
         fail("prompt_logprobs_type", "choices[].prompt_logprobs is not an array")
     if len(entries) != expected_prompt_len:
