@@ -4,7 +4,8 @@ TRL's own ``VLLMClient.get_sequence_logprobs`` (unmodified) and the ``openai`` p
 ``completions.create(..., extra_body={"prompt_logprobs": k})`` get through the endpoint
 exactly what they get from the teacher directly; batched prompts answer as single ones;
 ``/v1/models`` reports the pin's ``max_model_len``; ``/metrics`` counts the scored
-tokens.  The endpoint is the real CLI in a subprocess; everything is on 127.0.0.1.
+tokens; TRL's ``ServerDistillationTrainer`` runs two steps on CPU with the endpoint as its
+teacher server.  The endpoint is the real CLI in a subprocess; everything is on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import RegistryServer
 from tests.endpoint.conftest import ALIAS, register
 from tests.endpoint.support import EndpointProcess, tokens
@@ -91,3 +93,46 @@ def test_batched_prompts_answer_as_single_ones(
         generated = _score(endpoint.url, _body(tokens(6), 2, max_tokens=3, logprobs=2, n=2))
         assert generated.status_code == 200, generated.text
         assert len(generated.json()["choices"]) == 2
+
+
+@pytest.mark.filterwarnings(
+    # TRL's trainer and Transformers warn about their own defaults (padding side, ...).
+    "ignore::UserWarning",
+    "ignore::FutureWarning",
+)
+def test_trl_server_distillation_trainer_runs_through_the_endpoint(
+    registry: RegistryServer, teacher_url: str, tmp_path: Path, tiny_model: TinyModel
+) -> None:
+    """TRL's own ServerDistillationTrainer, a few steps on CPU, scores through the endpoint."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.experimental.server_distillation import (
+        ServerDistillationConfig,
+        ServerDistillationTrainer,
+    )
+
+    register(registry, ALIAS, [teacher_url])
+    with EndpointProcess(ALIAS, registry.url, tmp_path / "endpoint.log") as endpoint:
+        endpoint.wait_ready()
+        tokenizer = AutoTokenizer.from_pretrained(str(tiny_model.path))
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        args = ServerDistillationConfig(
+            output_dir=str(tmp_path / "out"), teacher_model_server_url=endpoint.url,
+            max_steps=2, per_device_train_batch_size=2, max_completion_length=8,
+            loss_top_k=1, use_cpu=True, report_to=[], save_strategy="no", seed=0,
+        )  # fmt: skip
+        trainer = ServerDistillationTrainer(
+            model=AutoModelForCausalLM.from_pretrained(str(tiny_model.path)),
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["the cat", "a dog ran", "one", "red"]}),
+            processing_class=tokenizer,
+        )
+        result = trainer.train()
+        assert result.global_step == 2
+        metrics = httpx.get(endpoint.url + "/metrics", trust_env=False).text
+        scored = next(
+            line for line in metrics.splitlines()
+            if line.startswith("kiln_endpoint_prompt_tokens_scored_total")
+        )  # fmt: skip
+        assert float(scored.split()[-1]) > 0
