@@ -124,7 +124,10 @@ class EndpointState:
         """``check_registry`` every ``interval_s`` until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.check_registry()
+            try:
+                await self.check_registry()
+            except Exception:  # a bug here must not end the follow loop silently
+                log.exception("re-reading %s from the registry failed", self.alias)
 
     async def drain(self) -> None:
         """Wait for the background re-probes (at shutdown)."""
