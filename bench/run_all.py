@@ -123,6 +123,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                           for x in r["jobs"]["rounds"]], 1.8, True),
     ), "registry lookups on PostgreSQL vs SQLite; a corpus job over 2 teacher replicas and "
        "2 `kiln worker`s vs 1 and 1 (100 ms teacher service time)"),
+    Benchmark("endpoint", ("bench_endpoint.py", "--rounds", "4"), (
+        Figure("endpoint / teacher directly (throughput)",
+               lambda r: [x["ratio"] for x in r["rounds"]], 0.95, True),
+        Figure("added median latency", lambda r: [x["added_median_ms"] for x in r["rounds"]],
+               100, False, " ms"),
+        Figure("endpoint CPU per 1,000 scored tokens",
+               lambda r: [x["endpoint_cpu_s_per_1k_tokens"] * 1000 for x in r["rounds"]],
+               20, False, " ms"),
+    ), "`kiln teacher-endpoint`: TRL-shaped scoring (8 x 511 tokens, prompt_logprobs 20) vs "
+       "the same stand-in teacher directly (500 ms service time)"),
 )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kiln_registry.cli.corpus_cmds",
     "kiln_registry.cli.tokens_cmds",
     "kiln_registry.cli.audit_cmds",
+    "kiln_registry.cli.endpoint_cmds",
 )
 
 
