@@ -1,10 +1,15 @@
-"""Issue 15 attack 5: teachers that never answer cannot starve other callers or jobs.
+"""Issues 15 (attack 5) and 27 (item 7): probe slots are shared fairly, never starved.
 
-A real registry and a real TCP server that accepts and never answers.  One
-caller (client address 127.0.0.1) holds its share of the registration probe
-slots with two hanging registrations; its third is ``503
-teacher_identity_probe_busy`` while another caller (127.0.0.2) still gets a
-slot, and the job workers' probe capacity is separate and untouched.
+A real registry (``auth = "required"``) and a real TCP server that accepts
+and never answers, so every flood registration holds its probe slot until the
+probe times out.  Two flooding tokens send many hanging registrations at
+once: they hold the three general slots, fill their share of the wait queue,
+and their surplus is ``503 teacher_identity_probe_busy`` with ``Retry-After``.
+An admin still gets the reserved slot at once; another token's registration
+waits and takes the first slot that comes free, ahead of the flood queued
+before it (each freed slot goes to the waiting caller with the fewest probes
+in flight).  The job workers' probe capacity is separate and untouched.
+Ordering is asserted by what had finished, never by a clock.
 """
 
 from __future__ import annotations
@@ -18,10 +23,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kiln_registry.api.context import REGISTRATION_PROBES_PER_CALLER
+from kiln_registry.api.context import (
+    REGISTRATION_PROBES,
+    REGISTRATION_PROBES_PER_CALLER,
+    REGISTRATION_WAITING_PER_CALLER,
+)
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import RegistryServer, error_of, run_registry, write_config
+from tests.auth.support import bearer, create_token
 from tests.security.conftest import CountingTeacher
+
+FLOOD_PER_TOKEN = 7  # 2 in flight at most + 4 waiting + at least one refused
 
 
 @pytest.fixture
@@ -52,55 +64,79 @@ def hanging_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def slow_registry(tmp_path: Path, tiny_model: TinyModel) -> Iterator[RegistryServer]:
-    config = write_config(tmp_path, student=tiny_model.path, server={"probe_timeout_s": 4.0})
-    with run_registry(config) as server:
-        yield server
+def slow_registry(
+    tmp_path: Path, tiny_model: TinyModel
+) -> Iterator[tuple[RegistryServer, dict[str, str]]]:
+    server = {"probe_timeout_s": 2.0, "auth": "required"}
+    config = write_config(tmp_path, student=tiny_model.path, server=server)
+    db = tmp_path / "registry.db"
+    tokens = {name: create_token(db, name, {"register", "read"}) for name in ("f1", "f2", "legit")}
+    tokens["root"] = create_token(db, "root", {"admin"})
+    with run_registry(config) as registry:
+        yield registry, tokens
 
 
 def _remote(alias: str, url: str) -> dict[str, str]:
     return {"alias": alias, "kind": "remote", "provider": "vllm", "model_id": "m", "url": url}
 
 
-def test_one_caller_cannot_take_every_probe_slot(
-    slow_registry: RegistryServer, hanging_url: str, counting_teacher: CountingTeacher
-) -> None:
-    results: list[int] = []
+def _wait_for(condition: object, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
 
-    def hang(alias: str) -> None:
-        with slow_registry.client() as http:
-            results.append(http.post("/v1/teachers", json=_remote(alias, hanging_url)).status_code)
+
+def test_a_flood_cannot_starve_other_callers_or_the_admin(
+    slow_registry: tuple[RegistryServer, dict[str, str]],
+    hanging_url: str,
+    counting_teacher: CountingTeacher,
+) -> None:
+    registry, t = slow_registry
+    limiter = registry.ctx.probe_limiter
+    done: list[httpx.Response] = []
+
+    def flood(token: str, alias: str) -> None:
+        with registry.client() as http:
+            done.append(http.post("/v1/teachers", json=_remote(alias, hanging_url),
+                                  headers=bearer(token)))  # fmt: skip
 
     threads = [
-        threading.Thread(target=hang, args=(f"h{n}",))
-        for n in range(REGISTRATION_PROBES_PER_CALLER)
+        threading.Thread(target=flood, args=(t[name], f"{name}-{n}"))
+        for name in ("f1", "f2")
+        for n in range(FLOOD_PER_TOKEN)
     ]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 10
-    limiter = slow_registry.ctx.probe_limiter
-    while limiter.in_flight < REGISTRATION_PROBES_PER_CALLER and time.monotonic() < deadline:
-        time.sleep(0.05)
+    general = REGISTRATION_PROBES - 1
+    queued = 2 * REGISTRATION_WAITING_PER_CALLER
+    _wait_for(lambda: limiter.in_flight == general and limiter.waiting == queued)
     try:
-        assert limiter.in_flight == REGISTRATION_PROBES_PER_CALLER
-        with slow_registry.client() as http:
-            third = http.post("/v1/teachers", json=_remote("h-more", hanging_url))
-        assert third.status_code == 503, third.text
-        assert error_of(third)["code"] == "teacher_identity_probe_busy"
-        other = httpx.Client(
-            base_url=slow_registry.url,
-            trust_env=False,
-            timeout=30,
-            transport=httpx.HTTPTransport(local_address="127.0.0.2"),
-        )
-        with other:
-            answer = other.post("/v1/teachers", json=_remote("b1", counting_teacher.url + "/v1"))
-        assert answer.status_code == 502, answer.text  # it got a slot and probed
-        assert counting_teacher.requests
+        assert (limiter.in_flight, limiter.waiting) == (general, queued)
+        _wait_for(lambda: len(done) == 2 * FLOOD_PER_TOKEN - general - queued)
+        refused = list(done)  # the surplus, refused at once: the queue is bounded
+        assert refused and all(r.status_code == 503 for r in refused), [r.text for r in refused]
+        assert all(error_of(r)["code"] == "teacher_identity_probe_busy" for r in refused)
+        assert all(int(r.headers["retry-after"]) > 0 for r in refused)
+        with registry.client() as http:
+            # The admin's reserved slot: answered before any flood probe has finished.
+            admin = http.post("/v1/teachers", json=_remote("a1", counting_teacher.url + "/v1"),
+                              headers=bearer(t["root"]))  # fmt: skip
+            assert admin.status_code == 502, admin.text  # it got a slot and probed
+            assert len(done) == len(refused)
+            # Another token waits, then takes the first freed slot ahead of the flood's queue.
+            legit = http.post("/v1/teachers", json=_remote("l1", counting_teacher.url + "/v1"),
+                              headers=bearer(t["legit"]))  # fmt: skip
+            assert legit.status_code == 502, legit.text
+            finished_flood = len(done) - len(refused)
+            assert finished_flood <= general, "the flood's queue was served first"
+            assert limiter.waiting > 0  # flood registrations queued before it still wait
+        assert len(counting_teacher.requests) >= 2
         # The job workers' probe capacity is separate and untouched.
-        assert slow_registry.ctx.job_probe_limiter is not limiter
-        assert slow_registry.ctx.job_probe_limiter.in_flight == 0
+        assert registry.ctx.job_probe_limiter is not limiter
+        assert registry.ctx.job_probe_limiter.in_flight == 0
     finally:
         for thread in threads:
-            thread.join(30)
-    assert results == [502] * REGISTRATION_PROBES_PER_CALLER
+            thread.join(60)
+    statuses = sorted(r.status_code for r in done)
+    assert statuses == [502] * (general + queued) + [503] * len(refused)
+    assert REGISTRATION_PROBES_PER_CALLER == 2
