@@ -35,6 +35,10 @@ have room for its row (``AuthStore.room``: fewer than ``audit_max_events``
 events, or an oldest one older than ``audit_keep_days``); when it has none the
 change is refused with ``503 audit_log_full`` and ``Retry-After`` (when the
 oldest event may be dropped) and nothing changes.
+A token holder's state changes are admitted by ``auth.gate.CallerGate``:
+a few at a time per token, more waiting their turn, past that ``429
+caller_busy`` with ``Retry-After`` before anything is read or written, so
+one token's flood leaves the server to other callers and to lookups.
 Last-used times are written in batches (``TokenTable.due_last_used``).
 Imports the standard library, anyio and the ``auth`` package.
 """
@@ -47,6 +51,7 @@ from typing import Final
 import anyio
 
 from kiln_registry.auth.cache import TokenTable
+from kiln_registry.auth.gate import CallerBusy, CallerGate
 from kiln_registry.auth.repository import AuditRoom
 from kiln_registry.auth.scopes import audit_action, fallback_action, required_scope
 from kiln_registry.auth.store import AuthStore
@@ -81,6 +86,16 @@ LOG_FULL: Final = _error(
     "retry after Retry-After seconds, or an admin raises [server] audit_max_events (or"
     " lowers audit_keep_days) and restarts the registry",
 )
+
+
+def _busy(message: str) -> Refusal:
+    return _error(
+        429,
+        "caller_busy",
+        f"{message}; nothing was changed",
+        "wait for your earlier requests to finish (retry after Retry-After seconds);"
+        " each token runs a few state changes at a time",
+    )
 
 
 async def _reply(send: Send, status: int, body: bytes, retry_after: int | None = None) -> None:
@@ -121,10 +136,12 @@ class AuthMiddleware:
         store: AuthStore | None,
         metrics_public: bool = False,
         secret_names: frozenset[str] = frozenset(),
+        gate: CallerGate | None = None,
     ) -> None:
         self._app = app
         self._table = table
         self._store = store
+        self._gate = gate or CallerGate()
         self._metrics_public = metrics_public
         # A refused body's alias is the caller's text: scrub every configured secret from it.
         self._secret_names = secret_names
@@ -185,6 +202,18 @@ class AuthMiddleware:
             if self._table.pending:
                 await self._touch()
         scope.setdefault("state", {})[STATE_KEY] = identity
+        if identity is None or scope["method"] in READ_ONLY:
+            await self._changing(scope, receive, send, identity)
+            return
+        try:
+            async with self._gate.turn("token:" + identity.name):
+                await self._changing(scope, receive, send, identity)
+        except CallerBusy as exc:
+            await _reply(send, *_busy(str(exc)), retry_after=1)
+
+    async def _changing(
+        self, scope: Scope, receive: Receive, send: Send, identity: TokenIdentity | None
+    ) -> None:
         if not _audited_request(scope, identity) or self._store is None:
             await self._app(scope, receive, send)
             return
