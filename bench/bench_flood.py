@@ -48,7 +48,7 @@ TOKEN_ENV = "KILN_BENCH_FLOOD_TOKEN"
 KILN = [sys.executable, "-m", "kiln_registry.cli.main"]
 JOB = {"kind": "teacher_scoring", "teacher": "ref", "top_k": 4,
        "sequences": [[1 + (i + j) % 60 for j in range(32)] for i in range(64)]}  # fmt: skip
-SETTLE_S = 1.0  # the flood is running before the lookups start
+SETTLE_S = 3.0  # the flood (and its first burst) is running before the lookups start
 
 
 async def _flood_loop(http: httpx.AsyncClient, kind: str, teacher: str, counter: list[int]) -> None:
@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     flood.add_argument("--kind", choices=("register", "jobs"), required=True)
     flood.add_argument("--teacher", required=True)
     flood.add_argument("--flooders", type=int, required=True)
-    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=8000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--flooders", type=int, default=8)

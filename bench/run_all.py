@@ -123,7 +123,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                           for x in r["jobs"]["rounds"]], 1.8, True),
     ), "registry lookups on PostgreSQL vs SQLite; a corpus job over 2 teacher replicas and "
        "2 `kiln worker`s vs 1 and 1 (100 ms teacher service time)"),
-    Benchmark("flood", ("bench_flood.py", "--requests", "2000", "--repeat", "5"), (
+    Benchmark("flood", ("bench_flood.py", "--requests", "8000", "--repeat", "5"), (
         Figure("lookups in a registration flood / quiet",
                lambda r: _pairs({"a": [x["register_flood_rps"] for x in r["rounds"]],
                                  "b": [x["quiet_rps"] for x in r["rounds"]]}, "a", "b"),

@@ -29,8 +29,8 @@ from typing import Final
 MAX_ACTIVE: Final = 2
 MAX_WAITING: Final = 16
 MAX_CALLERS: Final = 4096
-RATE_PER_S: Final = 10.0  # state changes a second per token, after a burst of BURST
-BURST: Final = 20
+RATE_PER_S: Final = 2.0  # state changes a second per token, after a burst of BURST
+BURST: Final = 10
 
 
 class CallerBusy(Exception):
