@@ -133,6 +133,17 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                20, False, " ms"),
     ), "`kiln teacher-endpoint`: TRL-shaped scoring (8 x 511 tokens, prompt_logprobs 20) vs "
        "the same stand-in teacher directly (500 ms service time)"),
+    Benchmark("flood", ("bench_flood.py", "--requests", "8000", "--repeat", "5"), (
+        Figure("lookups in a registration flood / quiet",
+               lambda r: _pairs({"a": [x["register_flood_rps"] for x in r["rounds"]],
+                                 "b": [x["quiet_rps"] for x in r["rounds"]]}, "a", "b"),
+               0.5, True),
+        Figure("lookups in a job flood / quiet",
+               lambda r: _pairs({"a": [x["jobs_flood_rps"] for x in r["rounds"]],
+                                 "b": [x["quiet_rps"] for x in r["rounds"]]}, "a", "b"),
+               0.5, True),
+    ), "`GET /v1/teachers/{alias}` with auth on, quiet vs during a registration flood and a "
+       "job flood by one token (8 concurrent loops)"),
 )  # fmt: skip
 
 

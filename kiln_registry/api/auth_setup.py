@@ -28,15 +28,19 @@ def install_auth(app: FastAPI, ctx: RegistryContext) -> None:
     app.add_middleware(
         AuthMiddleware,
         table=table,
-        store=AuthStore(ctx.writing, audit_bounds(server)),
+        store=AuthStore(ctx.writing, audit_bounds(server), reading=ctx.reading),
         metrics_public=server.metrics_public,
         secret_names=ctx.config.secret_env_names(),
     )
 
 
 def audit_bounds(server: ServerConfig) -> AuditBounds:
-    """``[server] audit_max_events`` / ``audit_retain_days`` as the repository's bounds."""
-    return AuditBounds(max_events=server.audit_max_events, retain_days=server.audit_retain_days)
+    """``[server] audit_max_events`` / ``audit_keep_days`` / ``audit_retain_days`` as bounds."""
+    return AuditBounds(
+        max_events=server.audit_max_events,
+        retain_days=server.audit_retain_days,
+        keep_days=server.audit_keep_days,
+    )
 
 
 def close_auth(app: FastAPI) -> None:

@@ -4,7 +4,8 @@
 writer session factory whose transactions BEGIN IMMEDIATE, a reader one
 whose transactions BEGIN DEFERRED so a GET never waits for the write lock,
 and the coherent cache of rendered entries),
-the loaded student's vocabulary view, the probe limiter, the metrics and,
+the loaded student's vocabulary view, the probe limiters (registrations:
+``registration_limiter``, fair across callers; jobs: their own), the metrics and,
 under ``kiln serve``, the local-teacher manager (typed by
 ``teachers.context.LocalTeacherManager``; ``close()`` drains it).
 The outbound HTTP client is created in the app's lifespan (never at import
@@ -39,6 +40,29 @@ from kiln_registry.teachers.context import LocalTeacherManager
 
 REGISTRATION_PROBES = 4
 REGISTRATION_PROBES_PER_CALLER = 2
+REGISTRATION_ADMIN_RESERVED = 1
+REGISTRATION_WAITING = 32
+REGISTRATION_WAITING_PER_CALLER = 4
+REGISTRATION_WAIT_S = 30.0
+
+
+def registration_limiter() -> ProbeLimiter:
+    """Registration and re-probe slots, fair across callers (issue 27, item 7).
+
+    Four slots, one of them reserved for admin tokens; one caller (a token, else a
+    client address) holds at most two.  A probe with no free slot waits in a queue of
+    at most 32 (4 per caller) for up to 30 s; each freed slot goes to the waiting
+    caller with the fewest probes in flight, then the one served longest ago.  Past the
+    queue or the wait: ``503 teacher_identity_probe_busy`` with ``Retry-After``.
+    """
+    return ProbeLimiter(
+        REGISTRATION_PROBES,
+        REGISTRATION_PROBES_PER_CALLER,
+        admin_reserved=REGISTRATION_ADMIN_RESERVED,
+        max_waiting=REGISTRATION_WAITING,
+        max_waiting_per_caller=REGISTRATION_WAITING_PER_CALLER,
+        max_wait_s=REGISTRATION_WAIT_S,
+    )
 
 
 def reader_factory(engine: Engine) -> sessionmaker[Session]:
@@ -54,10 +78,9 @@ class RegistryContext:
     student: StudentView
     database_revision: str
     readers: sessionmaker[Session] | None = None
-    # Registrations and re-probes: one caller holds at most half the slots (issue 15).
-    probe_limiter: ProbeLimiter = field(
-        default_factory=lambda: ProbeLimiter(REGISTRATION_PROBES, REGISTRATION_PROBES_PER_CALLER)
-    )
+    # Registrations and re-probes: per caller (token, else address) at most half the
+    # slots, freed slots go fairly to waiting callers, one slot is an admin's (issue 27).
+    probe_limiter: ProbeLimiter = field(default_factory=registration_limiter)
     # Jobs have their own capacity, so registrations can never starve them (or the reverse).
     job_probe_limiter: ProbeLimiter = field(default_factory=lambda: ProbeLimiter(JOB_PROBES))
     # Its own CollectorRegistry: every app in one process counts alone (issue 18).

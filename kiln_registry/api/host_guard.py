@@ -11,6 +11,17 @@
   application/json`` (parameters such as ``charset`` allowed), so a
   cross-origin HTML form (``text/plain``, ``application/x-www-form-urlencoded``,
   ``multipart/form-data``) never reaches a route: 415 ``unsupported_media_type``.
+* a state-changing request (any method but ``GET``/``HEAD``/``OPTIONS``),
+  with or without a body and with auth on or off, must come from the
+  server's own origin (issue 27, item 6: an empty-body cross-origin form
+  post ran ``/probe``, ``/release``, ``/launch`` and ``/cancel``).  An
+  ``Origin`` header must name this server (its ``scheme://`` plus the
+  ``Host`` it was sent, any scheme of the two) or one of ``[server]
+  cors_origins``; ``Origin: null``, a foreign origin, two ``Origin`` headers
+  or, without ``Origin``, ``Sec-Fetch-Site: cross-site``/``same-site`` are
+  refused with 403 ``cross_origin_refused`` before auth or a route runs.
+  Every browser sends ``Origin`` on a cross-origin ``POST``; a request with
+  neither header is not a browser's cross-site request (the CLI, a script).
 
 CORS headers are sent only when ``[server] cors_origins`` lists origins
 (``install_host_guard`` then adds Starlette's ``CORSMiddleware`` for exactly
@@ -34,6 +45,9 @@ from kiln_registry.domain.asgi import ASGIApp, Receive, Scope, Send
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "localhost.localdomain", "ip6-localhost")
 WILDCARD_BINDS = ("0.0.0.0", "::")
 JSON_TYPES = (b"application/json",)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SAME_SITE_FETCH = (b"same-origin", b"none")
+ORIGIN_SCHEMES = ((b"http://", b":80"), (b"https://", b":443"))
 
 
 def default_hosts(bound: str) -> tuple[str, ...]:
@@ -98,6 +112,14 @@ BAD_HOST = _refusal(
     "the Host header names a host this registry does not serve",
     "connect through an allowed name, or add it to [server] allowed_hosts",
 )
+CROSS_ORIGIN = _refusal(
+    403,
+    "cross_origin_refused",
+    "a state-changing request must come from this server's own origin (the Origin or"
+    " Sec-Fetch-Site header names another site)",
+    "send it from the registry's own pages or a non-browser client, or list the page's"
+    " origin in [server] cors_origins",
+)
 BAD_TYPE = _refusal(
     415,
     "unsupported_media_type",
@@ -110,12 +132,31 @@ def _json_type(value: bytes) -> bool:
     return value.split(b";", 1)[0].strip().lower() in JSON_TYPES
 
 
-class HostGuard:
-    """Refuse foreign ``Host`` headers and non-JSON bodies before anything else runs."""
+def same_origin(
+    origins: list[bytes], fetch_site: bytes | None, host: bytes, cors: frozenset[bytes]
+) -> bool:
+    """Whether a state-changing request comes from this server (or a listed CORS origin)."""
+    if len(origins) > 1:
+        return False
+    if not origins:
+        return fetch_site is None or fetch_site.lower() in SAME_SITE_FETCH
+    origin = origins[0].lower()
+    if origin in cors:
+        return True
+    for scheme, default_port in ORIGIN_SCHEMES:
+        if origin.startswith(scheme):
+            ours = host.lower().removesuffix(default_port)
+            return bool(ours) and origin[len(scheme) :].removesuffix(default_port) == ours
+    return False  # "null", or not an origin at all
 
-    def __init__(self, app: ASGIApp, *, hosts: HostRule) -> None:
+
+class HostGuard:
+    """Refuse foreign ``Host`` headers, non-JSON bodies and cross-origin state changes."""
+
+    def __init__(self, app: ASGIApp, *, hosts: HostRule, cors: Iterable[str] = ()) -> None:
         self._app = app
         self._hosts = hosts
+        self._cors = frozenset(o.lower().encode("latin-1") for o in cors)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -124,11 +165,17 @@ class HostGuard:
         host = b""
         ctype: bytes | None = None
         has_body = False
+        origins: list[bytes] = []
+        fetch_site: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"host":
                 host = value
             elif name == b"content-type":
                 ctype = value
+            elif name == b"origin":
+                origins.append(value)
+            elif name == b"sec-fetch-site":
+                fetch_site = value
             elif (name == b"content-length" and value not in (b"0", b"")) or (
                 name == b"transfer-encoding"
             ):
@@ -137,6 +184,10 @@ class HostGuard:
             await _send(send, 400, BAD_HOST)
         elif has_body and (ctype is None or not _json_type(ctype)):
             await _send(send, 415, BAD_TYPE)
+        elif scope["method"] not in SAFE_METHODS and not same_origin(
+            origins, fetch_site, host, self._cors
+        ):
+            await _send(send, 403, CROSS_ORIGIN)
         else:
             await self._app(scope, receive, send)
 
@@ -160,4 +211,4 @@ def install_host_guard(
             allow_headers=["authorization", "content-type"],
         )
     patterns = default_hosts(bound) if allowed is None else tuple(allowed)
-    app.add_middleware(HostGuard, hosts=HostRule(patterns))
+    app.add_middleware(HostGuard, hosts=HostRule(patterns), cors=origins)

@@ -6,8 +6,14 @@ of a small JSON document naming the last item of the previous page; callers
 must treat it as opaque.  ``encode_cursor``/``decode_cursor`` carry the alias
 of ``GET /v1/teachers``; ``encode_key``/``decode_key`` carry the sort key of
 the other lists (receipts, jobs, audit events), tagged with the list's name
-so a cursor of one list is refused by another.  A cursor that does not
-decode is ``400 invalid_request`` (rule ``page.cursor``).
+so a cursor of one list is refused by another.
+
+Decoding is strict and bounded before any JSON parser runs (issue 27, item
+11: a cursor of 1,530 ``[`` was a RecursionError and a 500): at most
+``MAX_CURSOR_CHARS`` characters of the URL-safe base64 alphabet, a JSON
+object nested at most ``MAX_CURSOR_DEPTH`` deep (scanned first, strings
+skipped), holding exactly the keys this module writes.  Any other cursor is
+``400 invalid_request`` (rule ``page.cursor``).
 
 Imports the standard library and ``kiln_registry.domain.errors`` only.
 """
@@ -23,6 +29,8 @@ from kiln_registry.domain.errors import KilnError
 DEFAULT_PAGE = 1000
 MAX_PAGE = 1000
 MAX_CURSOR_CHARS = 2048
+MAX_CURSOR_DEPTH = 2  # {"list": ..., "after": [...]}
+_B64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
 MAX_KEY_INT = 2**62
@@ -64,13 +72,8 @@ def _key_part(value: object, kind: type) -> KeyPart | None:
 
 def decode_key(cursor: str, list_name: str, kinds: tuple[type, ...]) -> tuple[KeyPart, ...]:
     """The sort key ``encode_key(list_name, ...)`` put in ``cursor``, typed as ``kinds``."""
-    if len(cursor) > MAX_CURSOR_CHARS:
-        raise _bad_cursor()
-    try:
-        doc = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError, RecursionError):
-        raise _bad_cursor() from None
-    after = doc.get("after") if isinstance(doc, dict) and doc.get("list") == list_name else None
+    doc = _cursor_document(cursor, {"list", "after"})
+    after = doc.get("after") if doc.get("list") == list_name else None
     if not isinstance(after, list) or len(after) != len(kinds):
         raise _bad_cursor()
     parts = tuple(_key_part(v, k) for v, k in zip(after, kinds, strict=True))
@@ -85,17 +88,51 @@ def encode_cursor(after: str) -> str:
 
 
 def decode_cursor(cursor: str) -> str:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        doc = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, ValueError):
-        doc = None
-    after = doc.get("after") if isinstance(doc, dict) else None
-    if isinstance(after, str) and not after.isascii():
-        try:
-            after.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate escape: never reaches the database
-            after = None
-    if not isinstance(after, str) or len(cursor) > MAX_CURSOR_CHARS:
+    """The alias ``encode_cursor`` put in ``cursor``."""
+    after = _cursor_document(cursor, {"after"}).get("after")
+    if not isinstance(after, str) or _key_part(after, str) is None:
         raise _bad_cursor()
     return after
+
+
+def _nesting_depth(raw: bytes) -> int:
+    """How deep ``raw``'s brackets nest, outside strings (one bounded pass, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _cursor_document(cursor: str, keys: set[str]) -> dict[str, object]:
+    """The JSON object in ``cursor``, with exactly ``keys``; any other cursor is refused."""
+    if not 0 < len(cursor) <= MAX_CURSOR_CHARS or len(cursor) % 4 == 1:
+        raise _bad_cursor()
+    if not cursor.isascii() or not _B64_ALPHABET.issuperset(cursor.encode("ascii")):
+        raise _bad_cursor()
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (binascii.Error, ValueError):
+        raise _bad_cursor() from None
+    if raw[:1] != b"{" or _nesting_depth(raw) > MAX_CURSOR_DEPTH:
+        raise _bad_cursor()
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # RecursionError cannot happen past the depth scan
+        raise _bad_cursor() from None
+    if not isinstance(doc, dict) or set(doc) != keys:
+        raise _bad_cursor()
+    return doc

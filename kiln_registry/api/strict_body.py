@@ -27,7 +27,7 @@ from kiln_registry.api.jobs_schemas import MAX_INLINE_SEQUENCES, MAX_INLINE_TOKE
 from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES
 from kiln_registry.domain.errors import IdentityError, KilnError
 from kiln_registry.identity.canonical import strict_json_loads
-from kiln_registry.probe.client import PROBE_CALLER
+from kiln_registry.probe.client import PROBE_CALLER, ProbeCaller
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 # Every item of a valid body is a token, a sequence or one of a few fields.
@@ -66,15 +66,20 @@ async def read_strict_json(request: Request) -> None:
     request._json = value  # Starlette's cache: ``request.json()`` returns it as is
 
 
-def caller_key(scope: Any) -> str | None:
-    """Who is calling, for per-caller probe slots: the token's name, else the client address."""
+def caller_key(scope: Any) -> ProbeCaller | None:
+    """Who is calling, for fair probe slots: the token (admin or not), else the client address.
+
+    Without a token every client at one address is one caller (on loopback with auth
+    off, all local clients share one turn): give each client a token to separate them.
+    """
     state = scope.get("state")
     token = state.get("kiln_token") if isinstance(state, dict) else None
     name = getattr(token, "name", None)
     if isinstance(name, str):
-        return "token:" + name
+        scopes: frozenset[str] = getattr(token, "scopes", frozenset())
+        return ProbeCaller("token:" + name, admin="admin" in scopes)
     client = scope.get("client")
-    return "addr:" + str(client[0]) if client else None
+    return ProbeCaller("addr:" + str(client[0])) if client else None
 
 
 class StrictJsonRoute(APIRoute):

@@ -1,7 +1,8 @@
 """The registry's access control: a pure ASGI layer in front of everything else.
 
 Every HTTP request's scope comes from ``auth.scopes.required_scope`` (anything
-unlisted needs ``admin``).  When ``[server] auth = "required"`` the request
+unlisted needs ``admin``; the open paths are open for ``GET``/``HEAD`` only).
+When ``[server] auth = "required"`` the request
 must carry ``Authorization: Bearer <token>`` naming a stored, unexpired token
 (``auth.cache.TokenTable``: one SHA-256 and one dict lookup; a commit by any
 process, such as ``kiln tokens revoke``, reloads the table before the next
@@ -15,14 +16,29 @@ The caller identity is stored for inner layers and routes as
 (``name``, ``scopes``) or ``None`` when auth is off.  (Per-token probe-slot
 caps read it there.)
 
-Every state change (any method but GET/HEAD/OPTIONS) that passes the check is
-written to ``audit_events`` before its last response byte is sent: token
-name, action (``auth.scopes.audit_action``), alias or job id, outcome
-(``ok`` < 400, ``refused`` < 500, else ``failed``) and status.  A request
-whose handler raised before its response was complete (a crash) is recorded
-as ``failed`` with status 500 before the exception goes on to the server's
-error handler.  Requests refused with 401 are not recorded (an anonymous
-caller could grow the table).
+Every state change (one of the routes ``auth.scopes.audit_action`` names)
+that passes the check is written to ``audit_events`` before its last response
+byte is sent: token name, action, alias or job id (secrets and token-shaped
+text redacted, as in the log file), outcome (``ok`` < 400, ``refused`` < 500,
+else ``failed``) and status.  A request whose handler raised before its
+response was complete (a crash) is recorded as ``failed`` with status 500
+before the exception goes on to the server's error handler.  A token's
+attempt past its scope (403) is recorded too, and so is a token holder's
+non-GET request to any other path (``post /v1/x``: a route added later is
+audited before it is listed).  Nothing else writes a row: a request refused
+with 401 never does, and without a token (auth off) only the listed state
+changes do (``POST /health``, any method on the pages, an unknown path write
+nothing), so an anonymous caller cannot grow the table (issue 27, item 1).
+
+The log never forgets to make room: before a state change runs, the log must
+have room for its row (``AuthStore.room``: fewer than ``audit_max_events``
+events, or an oldest one older than ``audit_keep_days``); when it has none the
+change is refused with ``503 audit_log_full`` and ``Retry-After`` (when the
+oldest event may be dropped) and nothing changes.
+A token holder's state changes are admitted by ``auth.gate.CallerGate``:
+a few at a time per token, more waiting their turn, past that ``429
+caller_busy`` with ``Retry-After`` before anything is read or written, so
+one token's flood leaves the server to other callers and to lookups.
 Last-used times are written in batches (``TokenTable.due_last_used``).
 Imports the standard library, anyio and the ``auth`` package.
 """
@@ -35,10 +51,12 @@ from typing import Final
 import anyio
 
 from kiln_registry.auth.cache import TokenTable
-from kiln_registry.auth.scopes import audit_action, required_scope
+from kiln_registry.auth.gate import CallerBusy, CallerGate
+from kiln_registry.auth.repository import AuditRoom
+from kiln_registry.auth.scopes import audit_action, fallback_action, required_scope
 from kiln_registry.auth.store import AuthStore
 from kiln_registry.auth.tokens import TokenIdentity
-from kiln_registry.credentials.redaction import redact_text
+from kiln_registry.credentials.redaction import redact_text, redact_tokens
 from kiln_registry.db.data_version import version_scope
 from kiln_registry.domain.asgi import ASGIApp, Message, Receive, Scope, Send
 
@@ -60,11 +78,33 @@ def _error(status: int, code: str, message: str, hint: str) -> Refusal:
     return status, json.dumps(body).encode("utf-8")
 
 
-async def _reply(send: Send, status: int, body: bytes) -> None:
+LOG_FULL: Final = _error(
+    503,
+    "audit_log_full",
+    "the audit log is full: it holds [server] audit_max_events events, none older than"
+    " audit_keep_days, and keeps them rather than forgetting any; nothing was changed",
+    "retry after Retry-After seconds, or an admin raises [server] audit_max_events (or"
+    " lowers audit_keep_days) and restarts the registry",
+)
+
+
+def _busy(message: str) -> Refusal:
+    return _error(
+        429,
+        "caller_busy",
+        f"{message}; nothing was changed",
+        "wait for your earlier requests to finish (retry after Retry-After seconds);"
+        " each token runs a few state changes at a time",
+    )
+
+
+async def _reply(send: Send, status: int, body: bytes, retry_after: int | None = None) -> None:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode("ascii")),
     ]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode("ascii")))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -96,10 +136,12 @@ class AuthMiddleware:
         store: AuthStore | None,
         metrics_public: bool = False,
         secret_names: frozenset[str] = frozenset(),
+        gate: CallerGate | None = None,
     ) -> None:
         self._app = app
         self._table = table
         self._store = store
+        self._gate = gate or CallerGate()
         self._metrics_public = metrics_public
         # A refused body's alias is the caller's text: scrub every configured secret from it.
         self._secret_names = secret_names
@@ -153,17 +195,44 @@ class AuthMiddleware:
             if needed is not None:
                 identity, refusal = self._check(scope, needed)
                 if refusal is not None:
-                    if refusal[0] == 403 and scope["method"] not in READ_ONLY:
+                    if refusal[0] == 403 and await self._has_room(scope, identity):
                         await self._audit(scope, b"", 403, identity, None)
                     await _reply(send, *refusal)
                     return
             if self._table.pending:
                 await self._touch()
         scope.setdefault("state", {})[STATE_KEY] = identity
-        if scope["method"] in READ_ONLY or self._store is None:
+        if identity is None or scope["method"] in READ_ONLY:
+            await self._changing(scope, receive, send, identity)
+            return
+        try:
+            async with self._gate.turn("token:" + identity.name):
+                await self._changing(scope, receive, send, identity)
+        except CallerBusy as exc:
+            await _reply(send, *_busy(str(exc)), retry_after=1)
+
+    async def _changing(
+        self, scope: Scope, receive: Receive, send: Send, identity: TokenIdentity | None
+    ) -> None:
+        if not _audited_request(scope, identity) or self._store is None:
             await self._app(scope, receive, send)
             return
+        room = await self._room()
+        if not room.free:
+            await _reply(send, *LOG_FULL, retry_after=room.retry_after_s)
+            return
         await self._audited(scope, receive, send, identity)
+
+    async def _room(self) -> AuditRoom:
+        store = self._store
+        assert store is not None
+        return await anyio.to_thread.run_sync(store.room)
+
+    async def _has_room(self, scope: Scope, identity: TokenIdentity | None) -> bool:
+        """A refusal is recorded only while the log has room."""
+        if self._store is None or not _audited_request(scope, identity):
+            return False
+        return (await self._room()).free
 
     async def _audited(
         self, scope: Scope, receive: Receive, send: Send, identity: TokenIdentity | None
@@ -208,15 +277,17 @@ class AuthMiddleware:
         identity: TokenIdentity | None,
         response_body: bytes | None,
     ) -> None:
-        if self._store is None:
+        if self._store is None or not _audited_request(scope, identity):
             return
-        action, target = audit_action(scope["method"], scope["path"])
+        method, path = scope["method"], scope["path"]
+        action, target = audit_action(method, path) or (fallback_action(method, path), None)
         if target is None:
             source = request_body if action == "teacher.register" else response_body
             key = "alias" if action == "teacher.register" else "id"
             target = _json_text(source, key)
         if target is not None:
-            target = redact_text(target, self._secret_names)
+            # The same redaction as the log file: secret values, then token shapes (item 15).
+            target = redact_tokens(redact_text(target, self._secret_names))
         outcome = "ok" if status < 400 else "refused" if status < 500 else "failed"
         name = None if identity is None else identity.name
         store = self._store
@@ -232,6 +303,13 @@ class AuthMiddleware:
         if due and self._store is not None:
             store = self._store
             await anyio.to_thread.run_sync(lambda: store.touch(due))
+
+
+def _audited_request(scope: Scope, identity: TokenIdentity | None) -> bool:
+    """A listed state change, or a token holder's non-GET request to any path."""
+    if scope["method"] in READ_ONLY:
+        return False
+    return identity is not None or audit_action(scope["method"], scope["path"]) is not None
 
 
 def _json_text(body: bytes | None, key: str) -> str | None:

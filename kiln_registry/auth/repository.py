@@ -34,6 +34,7 @@ MAX_TOKENS: Final = 1000
 MAX_AUDIT_LIMIT: Final = 1000
 MAX_TARGET_CHARS: Final = 512
 DEFAULT_MAX_EVENTS: Final = 1_000_000
+DEFAULT_KEEP_DAYS: Final = 30
 DEFAULT_MAX_RESERVED: Final = 100_000
 PRUNE_PEEK: Final = 256  # oldest events looked at per write for audit_retain_days
 TOKENS_SNAPSHOT: Final = "SELECT name, digest, scopes, expires_at FROM api_tokens LIMIT 1001"
@@ -115,10 +116,25 @@ class ReservedAliasesFull(KilnError):
 
 @dataclass(frozen=True, slots=True)
 class AuditBounds:
-    """``[server] audit_max_events`` and ``audit_retain_days``: how much audit log is kept."""
+    """``[server] audit_max_events``, ``audit_keep_days`` and ``audit_retain_days``.
+
+    At most ``max_events`` events are kept (counted by event id), but an event
+    younger than ``keep_days`` is never dropped: when the log holds
+    ``max_events`` and its oldest is that young, it is full (``room`` is False)
+    and the registry refuses state changes instead of forgetting (issue 27).
+    """
 
     max_events: int = DEFAULT_MAX_EVENTS
     retain_days: int | None = None
+    keep_days: float = DEFAULT_KEEP_DAYS
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRoom:
+    """Whether one more event fits; if not, seconds until the oldest may be dropped."""
+
+    free: bool
+    retry_after_s: int = 0
 
 
 class AuditRepository:
@@ -149,10 +165,39 @@ class AuditRepository:
         self._session.flush()
         self._prune(row.id)
 
+    def _keep_cutoff(self) -> str:
+        """Events at or after this time are never dropped (``keep_days``)."""
+        return (datetime.now(UTC) - timedelta(days=self._bounds.keep_days)).strftime(
+            TIMESTAMP_FORMAT
+        )
+
+    def room(self) -> AuditRoom:
+        """Whether a new event fits without dropping one younger than ``keep_days``.
+
+        Two index lookups (the newest and oldest ids), so every state change can ask.
+        """
+        newest = self._session.scalar(select(func.max(AuditEventRow.id)))
+        oldest = self._session.execute(
+            select(AuditEventRow.id, AuditEventRow.at).order_by(AuditEventRow.id).limit(1)
+        ).first()
+        if newest is None or oldest is None or newest - oldest[0] + 1 < self._bounds.max_events:
+            return AuditRoom(free=True)
+        if oldest[1] < self._keep_cutoff():
+            return AuditRoom(free=True)
+        droppable = parse_time(oldest[1]) + timedelta(days=self._bounds.keep_days)
+        wait = (droppable - datetime.now(UTC)).total_seconds()
+        return AuditRoom(free=False, retry_after_s=max(1, min(int(wait) + 1, 86_400)))
+
     def _prune(self, newest: int) -> None:
-        """Keep at most ``max_events`` (ids never repeat) and none past ``retain_days``."""
+        """Keep at most ``max_events`` (ids never repeat) and none past ``retain_days``.
+
+        Never drops an event younger than ``keep_days`` (the documented retention).
+        """
         self._session.execute(
-            delete(AuditEventRow).where(AuditEventRow.id <= newest - self._bounds.max_events)
+            delete(AuditEventRow).where(
+                AuditEventRow.id <= newest - self._bounds.max_events,
+                AuditEventRow.at < self._keep_cutoff(),
+            )
         )
         if self._bounds.retain_days is None:
             return

@@ -1,8 +1,11 @@
 """Which scope each route needs, and which audit action a state change is.
 
 ``required_scope(method, path)`` is the one table the auth middleware reads:
-``None`` for ``/health`` and the browser pages' fixed files (``/`` redirecting
-to ``/ui``, ``/docs``, ``/ui``, ``/assets/<name>``: no data, always open),
+``None`` for ``GET``/``HEAD`` of ``/health`` and the browser pages' fixed files
+(``/`` redirecting to ``/ui``, ``/docs``, ``/ui``, ``/assets/<name>``: no data,
+always open).  Open paths are open for their own methods only: any other
+method on them needs ``admin`` like every unlisted route (issue 27, item 1:
+``POST /health`` was an anonymous way to write audit rows),
 ``read`` for GET routes, receipts and job status, ``register`` for
 registering, deleting, probing and launching teachers, ``jobs`` for
 submitting, cancelling, deleting jobs and fetching results, ``admin`` for the
@@ -12,7 +15,9 @@ and ``/metrics`` need ``read`` unless ``[server] metrics_public``.  ``HEAD``
 is treated as ``GET``.
 
 ``audit_action(method, path)`` names the state change a non-GET request makes
-(``teacher.register`` ...) and the alias or job id in its path.
+(``teacher.register`` ...) and the alias or job id in its path; ``None`` when
+the request names none of the registry's state changes.  ``fallback_action``
+names such a request by method and path (recorded only for a token holder).
 Imports the standard library only.
 """
 
@@ -54,7 +59,7 @@ def _jobs_scope(method: str, path: str) -> str:
 
 def required_scope(method: str, path: str, *, metrics_public: bool = False) -> str | None:
     """The scope ``method path`` needs, or None when the route is open."""
-    if path in OPEN_PATHS or (path.startswith(ASSETS) and method in READ_METHODS):
+    if method in READ_METHODS and (path in OPEN_PATHS or path.startswith(ASSETS)):
         return None
     if path in METRICS_PATHS:
         return None if metrics_public else "read"
@@ -72,8 +77,12 @@ def _tail(path: str, prefix: str, suffix: str = "") -> str:
     return path[len(prefix) : end]
 
 
-def audit_action(method: str, path: str) -> tuple[str, str | None]:
-    """The audit action of a state-changing request and the alias/job id its path names."""
+def audit_action(method: str, path: str) -> tuple[str, str | None] | None:
+    """The audit action of a state-changing request and the alias/job id its path names.
+
+    ``None`` for anything that is not one of the registry's state changes (an unknown
+    path, a method the route lacks): such a request never writes an audit row.
+    """
     if path == TEACHERS and method == "POST":
         return "teacher.register", None
     if path.startswith(TEACHERS + "/"):
@@ -91,4 +100,9 @@ def audit_action(method: str, path: str) -> tuple[str, str | None]:
             return "job.delete", _tail(path, JOBS + "/")
     if path.startswith(ADMIN_ALIASES) and path.endswith("/release") and method == "POST":
         return "alias.release", _tail(path, ADMIN_ALIASES, "/release")
-    return f"{method.lower()[:16]} {path[:128]}", None
+    return None
+
+
+def fallback_action(method: str, path: str) -> str:
+    """A bounded name for a non-GET request to no known state change (``post /x``)."""
+    return f"{method.lower()[:16]} {path[:128]}"

@@ -2,7 +2,9 @@
 
 ``AuthStore`` wraps the registry's writer sessions (a callable returning one
 transaction) so the middleware can record an audit event or the last-used
-times of tokens in one short transaction, from a worker thread.  A failed
+times of tokens in one short transaction, from a worker thread, and ask
+whether the log has room for one more event (``room``: the middleware
+refuses a state change when it has none).  A failed
 audit write is logged (never the request's body) and does not change the
 response.  Imports the standard library, SQLAlchemy and ``auth.repository``.
 """
@@ -16,7 +18,7 @@ from contextlib import AbstractContextManager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from kiln_registry.auth.repository import AuditBounds, AuditRepository, TokenRepository
+from kiln_registry.auth.repository import AuditBounds, AuditRepository, AuditRoom, TokenRepository
 
 log = logging.getLogger("kiln_registry.auth")
 
@@ -24,8 +26,11 @@ Writing = Callable[[], AbstractContextManager[Session]]
 
 
 class AuthStore:
-    def __init__(self, writing: Writing, bounds: AuditBounds | None = None) -> None:
+    def __init__(
+        self, writing: Writing, bounds: AuditBounds | None = None, reading: Writing | None = None
+    ) -> None:
         self._writing = writing
+        self._reading = reading or writing  # ``room`` never needs the write lock
         self._bounds = bounds
 
     def audit(
@@ -48,6 +53,15 @@ class AuthStore:
                 )
         except SQLAlchemyError as exc:
             log.error("audit event %s could not be written (%s)", action, type(exc).__name__)
+
+    def room(self) -> AuditRoom:
+        """Whether the audit log can take one more event; a failed read says no (fail closed)."""
+        try:
+            with self._reading() as session:
+                return AuditRepository(session, self._bounds).room()
+        except SQLAlchemyError as exc:
+            log.error("audit log room could not be read (%s)", type(exc).__name__)
+            return AuditRoom(free=False, retry_after_s=5)
 
     def touch(self, used: dict[str, str]) -> None:
         try:

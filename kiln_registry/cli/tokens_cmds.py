@@ -44,7 +44,11 @@ def _sessions(config_path: Path) -> Any:
 def _audit(session: Session, config_path: Path, action: str, name: str) -> None:
     """One audit row, kept within ``[server] audit_max_events`` / ``audit_retain_days``."""
     server = load_config(config_path).server
-    bounds = AuditBounds(max_events=server.audit_max_events, retain_days=server.audit_retain_days)
+    bounds = AuditBounds(
+        max_events=server.audit_max_events,
+        retain_days=server.audit_retain_days,
+        keep_days=server.audit_keep_days,
+    )
     AuditRepository(session, bounds).record(
         token_name=None, action=action, target=name, outcome="ok"
     )

@@ -14,7 +14,11 @@
 * ``max_reserved_aliases``: the most deleted aliases kept reserved (default
   100000); past it a delete is refused until an admin releases some.
 * ``audit_max_events``: the audit log keeps the newest this many events
-  (default 1000000); older ones are dropped as new ones are written.
+  (default 1000000); older ones are dropped as new ones are written, but
+  never one younger than ``audit_keep_days``.
+* ``audit_keep_days``: the retention guarantee (default 30): no event younger
+  than this is ever dropped; a log full of such events refuses new state
+  changes (503 ``audit_log_full``) rather than forgetting old ones.
 * ``audit_retain_days``: events older than this many days are dropped as new
   ones are written (default: unset, only the count cap applies).
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from kiln_registry.domain.text import quoted
 
@@ -73,6 +77,16 @@ class ServerGuardKeys(BaseModel):
     max_reserved_aliases: Annotated[StrictInt, Field(ge=1, le=10_000_000)] = 100_000
     audit_max_events: Annotated[StrictInt, Field(ge=1000, le=100_000_000)] = 1_000_000
     audit_retain_days: Annotated[StrictInt, Field(ge=1, le=36_500)] | None = None
+    audit_keep_days: Annotated[StrictInt, Field(ge=1, le=36_500)] = 30
+
+    @model_validator(mode="after")
+    def _audit_days(self) -> ServerGuardKeys:
+        if self.audit_retain_days is not None and self.audit_retain_days < self.audit_keep_days:
+            raise ValueError(
+                "audit_retain_days must be at least audit_keep_days (events younger than"
+                " audit_keep_days are never dropped)"
+            )
+        return self
 
 
 class JobsGuardKeys(BaseModel):

@@ -34,7 +34,7 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.candidate_scan import parse_completion_fast
 from kiln_registry.probe.exposure import NOT_SHOWN, vllm_error_text
 from kiln_registry.probe.httpx_transport import HttpxTransport
-from kiln_registry.probe.limiter import PROBE_CALLER, ProbeLimiter
+from kiln_registry.probe.limiter import PROBE_CALLER, ProbeCaller, ProbeLimiter
 from kiln_registry.probe.parse import (
     MAX_VOCAB_SIZE,
     fail,
@@ -58,6 +58,7 @@ from kiln_registry.probe.verify import (
 __all__ = [
     "PROBE_CALLER",
     "PROBE_PROMPT",
+    "ProbeCaller",
     "ProbeLimiter",
     "ScoredRows",
     "SecretSource",
@@ -258,7 +259,7 @@ async def probe_teacher(
     attached (``probe.report.attached_report(exc)``); a full limiter raises
     ``ProbeBusy``.
     """
-    with limiter.slot(PROBE_CALLER.get()):
+    async with limiter.turn(PROBE_CALLER.get()):
         t = _Target(HttpxTransport(http, completions_url), model_id, secret, timeout_s)
         rec = _Recorder(completions_url, model_id, secret is not None)
         identity: TeacherIdentity | None = None

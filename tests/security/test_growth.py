@@ -56,9 +56,34 @@ def _targets(sessions: sessionmaker[Session]) -> list[str]:
         return [str(t) for t in rows]
 
 
+def _old_events(sessions: sessionmaker[Session], days: float, n: int) -> None:
+    old = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with unit_of_work(sessions) as session:
+        for i in range(n):
+            session.add(AuditEventRow(at=old, token_name=None, action="a", target=f"old{i}",
+                                      outcome="ok", status=200))  # fmt: skip
+
+
 def test_the_audit_log_keeps_the_newest_max_events(sessions: sessionmaker[Session]) -> None:
-    _record(sessions, AuditBounds(max_events=10), 25)
-    assert _targets(sessions) == [f"e{i}" for i in range(15, 25)]
+    _old_events(sessions, 31, 15)  # older than audit_keep_days (30): these may go
+    _record(sessions, AuditBounds(max_events=10), 5)
+    assert _targets(sessions) == [f"old{i}" for i in range(10, 15)] + [f"e{i}" for i in range(5)]
+
+
+def test_the_audit_log_never_drops_an_event_younger_than_keep_days(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Issue 27 item 1: a full log refuses (``room``) rather than forgetting young events."""
+    _old_events(sessions, 29, 8)  # younger than audit_keep_days (30)
+    bounds = AuditBounds(max_events=10)
+    _record(sessions, bounds, 2)
+    with unit_of_work(sessions) as session:
+        room = AuditRepository(session, bounds).room()
+    assert not room.free and 86_400 - 60 <= room.retry_after_s <= 86_400
+    _record(sessions, bounds, 1)  # a write that got past the check still drops nothing young
+    assert len(_targets(sessions)) == 11
+    with unit_of_work(sessions) as session:
+        assert AuditRepository(session, AuditBounds(max_events=10, keep_days=28)).room().free
 
 
 def test_the_audit_log_drops_events_past_retain_days(sessions: sessionmaker[Session]) -> None:
@@ -133,6 +158,8 @@ def test_reregistering_hints_name_the_release(capped: RegistryServer) -> None:
         "audit_retain_days = 0",
         "audit_retain_days = 1.5",
         "audit_retain = 30",
+        "audit_keep_days = 0",
+        "audit_retain_days = 7",  # shorter than audit_keep_days (30): a contradiction
     ],
 )
 def test_growth_keys_are_strict(tmp_path: Path, tiny_model: TinyModel, line: str) -> None:

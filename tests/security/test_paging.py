@@ -159,3 +159,37 @@ def test_every_list_refuses_bad_or_foreign_cursors(registry: RegistryServer, pat
             assert response.status_code == 400, (cursor, response.text)
         for limit in (0, 1001):
             assert http.get(path, params={"limit": limit}).status_code == 400
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def test_hostile_cursors_are_400_on_every_list(registry: RegistryServer) -> None:
+    """Issue 27 item 11: a deeply nested cursor was a RecursionError (500); now strict 400s."""
+    hostile = [
+        _b64(b"[" * 1530),  # the reported one
+        _b64(b'{"after":' + b"[" * 1000 + b"}"),
+        _b64(b'{"list":"audit","after":' + b"{" * 1200 + b"}"),
+        _b64(b'{"list":"audit","after":[[1]]}'),  # valid JSON, one level too deep
+        _b64(b'{"after":"t1","extra":1}'),  # keys this registry never writes
+        _b64(b'{"list":"jobs","after":["x","y"],"more":{}}'),
+        _b64(b'"just a string"'),
+        _b64(b'{"after":"t1"} trailing'),
+        encode_cursor("t1") + "=",  # a character past the alphabet's framing
+        encode_cursor("t1").replace("e", "\u0435"),  # a look-alike letter: not the alphabet
+        " " + encode_cursor("t1"),
+        "",
+    ]
+    lists = ["/v1/teachers", "/v1/jobs", "/v1/audit", "/v1/teachers/r/receipts"]
+    with registry.client() as http:
+        for path in lists:
+            for cursor in hostile:
+                response = http.get(path, params={"cursor": cursor})
+                assert response.status_code == 400, (path, cursor[:40], response.text)
+                assert error_of(response)["code"] == "invalid_request"
+                assert error_of(response)["rule"] == "page.cursor"
+        # The cursors this registry issues still page.
+        assert http.get("/v1/teachers", params={"cursor": encode_cursor("t1")}).status_code == 200
+        page = http.get("/v1/audit", params={"cursor": encode_key("audit", 5)})
+        assert page.status_code == 200
