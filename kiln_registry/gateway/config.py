@@ -9,8 +9,9 @@ the key lives only in ``GatewayConfig.api_key`` (left out of ``repr``).
 Defaults: the request body bound is ``16 * max_model_len + 64 KiB`` (a token
 id list with up to 15 digits per id), clamped to 1..256 MiB; 64 requests in
 flight; 256 proven client connections (ones whose request passed the key
-check) and, apart from them, 64 unproven ones (no such request yet); 10 s
-for an unproven connection's head; 600 s for an upstream answer; 75 s for
+check) and, apart from them, 64 unproven ones (no such request yet), of which
+one at least 1 s old is closed to make room for a newcomer; 10 s for an
+unproven connection's head; 600 s for an upstream answer; 75 s for
 an idle proven connection; 15 s to drain on SIGTERM.
 
 ``is_loopback_host`` and ``exposure_warning``: what the gateway (and the
@@ -60,6 +61,7 @@ class GatewayConfig:
     upstream_timeout: float = 600.0
     idle_timeout: float = 75.0
     head_timeout: float = 10.0
+    evict_after: float = 1.0  # an unproven connection younger than this is never closed early
     drain_seconds: float = 15.0
 
     @property

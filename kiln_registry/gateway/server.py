@@ -22,8 +22,9 @@ a ``/v1`` route (with no key configured: until one names a ``/v1`` route);
 ``/health`` proves nothing.  Unproven connections are counted apart, at most
 ``max_unproven`` of them, and each gets ``head_timeout`` for a whole head
 (then it is closed without an answer); when they are all taken, a new
-connection closes the oldest one that waits for a head, so silent or
-trickling sockets cannot keep a keyed client out.  Proven connections, at
+connection closes the oldest one that has waited for a head at least
+``evict_after`` (so a burst of real clients does not close itself), else it
+gets a 503; silent or trickling sockets cannot keep a keyed client out.  Proven connections, at
 most ``max_connections`` (then the proving request is a 503), wait
 ``idle_timeout`` for a head and as long again for a body (then 400).
 
@@ -86,8 +87,9 @@ class Gateway:
         if self.draining:
             return False
         if len(self.unproven) >= self.config.max_unproven:
+            ripe = client.accepted - self.config.evict_after
             oldest = next((c for c in self.unproven if not c.busy), None)
-            if oldest is None:
+            if oldest is None or oldest.accepted > ripe:
                 return False
             oldest.close()  # waited for a head the longest: no answer, as at its deadline
             self.forget(oldest)
@@ -150,6 +152,7 @@ class ClientConnection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.deadline: float | None = None
         self.proven = False
+        self.accepted = self.loop.time()
 
     @property
     def busy(self) -> bool:

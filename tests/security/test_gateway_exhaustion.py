@@ -106,7 +106,8 @@ def _sync(gw: RunningGateway) -> None:
 
 
 def test_silent_unkeyed_sockets_do_not_block_keyed_completions(upstream: FakeUpstream) -> None:
-    with _gateway(upstream) as gw, ExitStack() as stack:
+    # evict_after=0: the sockets need not age 1 s before a newcomer may close them
+    with _gateway(upstream, evict_after=0.0) as gw, ExitStack() as stack:
         silent = _silent(gw.port, 300, stack)  # more than max_connections (256) and the cap
         trickling = _silent(gw.port, 20, stack, first=b"POST /v1/completions HTTP/1.1\r\n")
         _sync(gw)
@@ -145,7 +146,8 @@ def test_a_wrong_key_proves_nothing_and_is_closed(upstream: FakeUpstream) -> Non
 
 
 def test_proven_and_unproven_connections_have_separate_caps(upstream: FakeUpstream) -> None:
-    with _gateway(upstream, max_connections=2, max_unproven=3) as gw, ExitStack() as stack:
+    caps = {"max_connections": 2, "max_unproven": 3, "evict_after": 0.0}
+    with _gateway(upstream, **caps) as gw, ExitStack() as stack:
         keyed = [stack.enter_context(socket.create_connection(("127.0.0.1", gw.port), timeout=30))
                  for _ in range(3)]  # fmt: skip
         assert [_keyed_completion(sock) for sock in keyed[:2]] == [200, 200]
@@ -155,6 +157,15 @@ def test_proven_and_unproven_connections_have_separate_caps(upstream: FakeUpstre
         _sync(gw)
         assert _closed_by_gateway(oldest)
         assert [_keyed_completion(sock) for sock in keyed[:2]] == [200, 200]
+
+
+def test_a_burst_of_new_clients_does_not_close_itself(upstream: FakeUpstream) -> None:
+    with _gateway(upstream, max_unproven=3, evict_after=600.0) as gw, ExitStack() as stack:
+        burst = _silent(gw.port, 3, stack)  # connected, heads not yet sent
+        (late,) = _silent(gw.port, 1, stack)  # sends nothing: the 503 is read, never reset
+        assert status_of(late.recv(65536)) == 503  # none of the burst is old enough to close
+        assert [_keyed_completion(sock) for sock in burst] == [200, 200, 200]
+        assert len(gw.gateway.proven) == 3 and not gw.gateway.unproven
 
 
 def _gateway_process(upstream: FakeUpstream, host: str, env: dict[str, str]) -> list[bytes]:
