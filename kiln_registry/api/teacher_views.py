@@ -14,6 +14,7 @@ layer and the database repository; never FastAPI.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -137,10 +138,30 @@ def cached_teacher_json(ctx: RegistryContext, alias: str) -> bytes | None:
     return None
 
 
+RECEIPT_TEXT_WITHHELD = (
+    "the failure's text is shown to admin tokens only: it may quote what the teacher answered"
+)
+
+
+def _public_report(report: dict[str, Any], full_failures: bool) -> ProbeReportPublic:
+    failure = report.get("failure")
+    if not full_failures and isinstance(failure, dict) and failure.get("message") is not None:
+        report = {**report, "failure": {**failure, "message": RECEIPT_TEXT_WITHHELD}}
+    return ProbeReportPublic.model_validate(report)
+
+
 def list_receipts(
-    ctx: RegistryContext, alias: str, limit: int = 100, cursor: str | None = None
+    ctx: RegistryContext,
+    alias: str,
+    limit: int = 100,
+    cursor: str | None = None,
+    full_failures: bool = True,
 ) -> ReceiptsResponse:
-    """The alias's newest receipts (kept after the alias is deleted, for audit), in pages."""
+    """The alias's newest receipts (kept after the alias is deleted, for audit), in pages.
+
+    ``full_failures`` False (a caller without ``admin``): a failure's message, which may
+    quote the teacher's answer, is replaced by ``RECEIPT_TEXT_WITHHELD`` (issue 27 item 13).
+    """
     before = None
     if cursor is not None:
         created, last = decode_key(cursor, "receipts:" + alias, (str, int))
@@ -157,7 +178,7 @@ def list_receipts(
                 created_at=r.created_at,
                 outcome=ProbeOutcome.passed if r.outcome == "passed" else ProbeOutcome.failed,
                 identity_revision=f"sha256:{r.identity_digest}" if r.identity_digest else None,
-                report=ProbeReportPublic.model_validate(json.loads(r.report_json)),
+                report=_public_report(json.loads(r.report_json), full_failures),
             )
             for r in rows[:limit]
         ]

@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from kiln_registry.cli.argtypes import env_name
 from kiln_registry.config.settings import check_startup_environment, load_config
 from kiln_registry.db.copy import copy_database, parse_location
 from kiln_registry.db.engine import current_revision, database_label, open_engine
@@ -111,11 +112,13 @@ def register(sub: SubParsers) -> None:
     )
     copy.add_argument(
         "--from-password-env",
+        type=env_name,
         metavar="NAME",
         help="environment variable holding the source PostgreSQL password",
     )
     copy.add_argument(
         "--to-password-env",
+        type=env_name,
         metavar="NAME",
         help="environment variable holding the target PostgreSQL password",
     )

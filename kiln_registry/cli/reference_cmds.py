@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.cli.argtypes import integer, positive_int
+from kiln_registry.cli.argtypes import env_name, integer, positive_int
 from kiln_registry.domain.errors import InputError
 
 SubParsers = Any  # argparse's _SubParsersAction is private
@@ -125,6 +125,7 @@ def register(sub: SubParsers) -> None:
     parser.add_argument(
         "--api-key-env",
         default=None,
+        type=env_name,
         metavar="NAME",
         help="environment variable holding the API key that guards /v1/*",
     )

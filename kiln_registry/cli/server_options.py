@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kiln_registry.cli.argtypes import env_name
 from kiln_registry.client.sync import DEFAULT_SERVER, RegistryClient
 from kiln_registry.client.tls import CERT_ENV, KEY_ENV, TOKEN_ENV, client_cert_from, token_from_env
 
@@ -78,6 +79,7 @@ def add_access_options(parser: argparse.ArgumentParser) -> None:
     """``--token-env NAME`` and ``--ca-file PEM`` (never a ``--token VALUE``)."""
     parser.add_argument(
         "--token-env",
+        type=env_name,
         metavar="NAME",
         help=f"read the registry token from $NAME (default: ${TOKEN_ENV} when set)",
     )

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln_registry.api.schemas import ProbeReportPublic, TeacherEntry
+from kiln_registry.cli.argtypes import env_name
 from kiln_registry.cli.server_options import number, registry_client, server_options
 from kiln_registry.domain.errors import InputError
 from kiln_registry.domain.text import clipped
@@ -314,8 +315,12 @@ def _add_parity(group: SubParsers) -> None:
     p.add_argument("--model-id", help="served model id of both teachers")
     p.add_argument("--model-id-a", help="served model id of teacher A")
     p.add_argument("--model-id-b", help="served model id of teacher B")
-    p.add_argument("--api-key-env-a", metavar="NAME", help="variable holding A's API key")
-    p.add_argument("--api-key-env-b", metavar="NAME", help="variable holding B's API key")
+    p.add_argument(
+        "--api-key-env-a", type=env_name, metavar="NAME", help="variable holding A's API key"
+    )
+    p.add_argument(
+        "--api-key-env-b", type=env_name, metavar="NAME", help="variable holding B's API key"
+    )
     p.add_argument("--positions", default="first,interior,final", help="comma list")
     p.add_argument("--top-k", type=_positive, help="K (default: min(20, both max_top_k))")
     p.add_argument("--prompts", type=_positive, default=2, help="number of prompts (<= 16)")

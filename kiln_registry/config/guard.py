@@ -9,7 +9,8 @@
 * ``cors_origins``: exact ``scheme://host[:port]`` origins that get CORS
   headers; empty (the default) sends none.
 * ``teacher_hosts``: host patterns a teacher URL may name (``*.example.org``
-  matches sub-domains, ``*`` any); unset allows any host.
+  matches sub-domains, ``*`` any); unset allows loopback and the configured
+  credential origins (``teachers.host_rules.teacher_host_patterns``).
 * ``max_teachers``: the most aliases the registry holds (default 10000).
 * ``max_reserved_aliases``: the most deleted aliases kept reserved (default
   100000); past it a delete is refused until an admin releases some.

@@ -2,7 +2,8 @@
 
 Runs one gateway until SIGTERM, SIGINT, SIGHUP or SIGQUIT, then drains it
 (``--drain-seconds``) and exits 0.  Flag errors print one line and exit 2.
-One line on stderr says where it listens; requests are never logged.
+One line on stderr says where it listens, and one more warns when that is
+beyond loopback (``config.exposure_warning``); requests are never logged.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Coroutine
 
 from kiln_registry.domain.errors import KilnError
-from kiln_registry.gateway.config import GatewayConfig, parse_gateway_argv
+from kiln_registry.gateway.config import GatewayConfig, exposure_warning, parse_gateway_argv
 from kiln_registry.gateway.server import Gateway
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -28,6 +29,9 @@ async def serve(config: GatewayConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await gateway.start()
     sys.stderr.write(f"kiln-gateway: listening on {config.host}:{gateway.port}\n")
+    warning = exposure_warning(config.host, keyed=config.api_key is not None)
+    if warning is not None:
+        sys.stderr.write(f"kiln-gateway: warning: {warning}\n")
     sys.stderr.flush()
     await stop.wait()
     await gateway.drain()

@@ -8,14 +8,22 @@ the key lives only in ``GatewayConfig.api_key`` (left out of ``repr``).
 
 Defaults: the request body bound is ``16 * max_model_len + 64 KiB`` (a token
 id list with up to 15 digits per id), clamped to 1..256 MiB; 64 requests in
-flight; 256 open client connections; 600 s for an upstream answer; 75 s for
-an idle client connection; 15 s to drain on SIGTERM.
+flight; 256 proven client connections (ones whose request passed the key
+check) and, apart from them, 64 unproven ones (no such request yet), of which
+one at least 1 s old is closed to make room for a newcomer; 10 s for an
+unproven connection's head; 600 s for an upstream answer; 75 s for
+an idle proven connection; 15 s to drain on SIGTERM.
+
+``is_loopback_host`` and ``exposure_warning``: what the gateway (and the
+launcher) says when it listens beyond loopback: with a key, that the key
+travels in plain HTTP; without one, that anyone who reaches the port may use it.
 
 Imports: standard library and ``kiln_registry.domain.errors`` only.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,8 +57,11 @@ class GatewayConfig:
     max_body_bytes: int = 0  # 0: default_body_bytes(max_model_len)
     max_concurrent: int = 64
     max_connections: int = 256
+    max_unproven: int = 64
     upstream_timeout: float = 600.0
     idle_timeout: float = 75.0
+    head_timeout: float = 10.0
+    evict_after: float = 1.0  # an unproven connection younger than this is never closed early
     drain_seconds: float = 15.0
 
     @property
@@ -65,11 +76,38 @@ _INT_FLAGS: Mapping[str, tuple[int, int]] = {
     "max-body-bytes": (1, MAX_REQUEST_BODY),
     "max-concurrent": (1, 65_536),
     "max-connections": (1, 65_536),
+    "max-unproven-connections": (1, 65_536),
+    "head-timeout": (1, 3_600),
     "upstream-timeout": (1, 86_400),
     "drain-seconds": (1, 86_400),
 }
 _TEXT_FLAGS = frozenset({"host", "upstream-uds", "served-model-id", "base-alias", "api-key-env"})
 _REQUIRED = ("host", "port", "upstream-uds", "served-model-id", "max-model-len", "max-top-k")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (names are never resolved)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, *, keyed: bool) -> str | None:
+    """What to warn about when the gateway listens on ``host`` (None on loopback)."""
+    if is_loopback_host(host):
+        return None
+    if keyed:
+        return (
+            f"the gateway listens on {host} in plain HTTP: the API key crosses the network "
+            "unencrypted; terminate TLS in front of it or listen on 127.0.0.1"
+        )
+    return (
+        f"the gateway listens on {host} without an API key: anyone who reaches the port "
+        "may use the teacher; give --api-key-env or listen on 127.0.0.1"
+    )
 
 
 def gateway_argv(config: GatewayConfig, *, api_key_env: str | None) -> list[str]:
@@ -114,6 +152,8 @@ def parse_gateway_argv(argv: Sequence[str], env: Mapping[str, str]) -> GatewayCo
         max_body_bytes=ints.get("max-body-bytes", 0),
         max_concurrent=ints.get("max-concurrent", 64),
         max_connections=ints.get("max-connections", 256),
+        max_unproven=ints.get("max-unproven-connections", 64),
+        head_timeout=float(ints.get("head-timeout", 10)),
         upstream_timeout=float(ints.get("upstream-timeout", 600)),
         drain_seconds=float(ints.get("drain-seconds", 15)),
     )

@@ -14,9 +14,19 @@ credentials, hop-by-hop and request-id headers never reach vLLM.
 Requests on one connection are served in order; bytes of a pipelined next
 request wait in the connection's buffer (reading pauses past
 ``MAX_HEAD_BYTES`` of them) and are judged on their own afterwards.  A
-connection waits at most ``idle_timeout`` for a head, and as long again for
-its body (then 400).  A refusal the gateway answers itself keeps the
-connection open only when its framing is known and nothing asked to close.
+refusal the gateway answers itself keeps the connection open only when its
+framing is known and nothing asked to close.
+
+Connections are unproven until one of their requests passes the key check on
+a ``/v1`` route (with no key configured: until one names a ``/v1`` route);
+``/health`` proves nothing.  Unproven connections are counted apart, at most
+``max_unproven`` of them, and each gets ``head_timeout`` for a whole head
+(then it is closed without an answer); when they are all taken, a new
+connection closes the oldest one that has waited for a head at least
+``evict_after`` (so a burst of real clients does not close itself), else it
+gets a 503; silent or trickling sockets cannot keep a keyed client out.  Proven connections, at
+most ``max_connections`` (then the proving request is a 503), wait
+``idle_timeout`` for a head and as long again for a body (then 400).
 
 Drain (``Gateway.drain``): stop listening, close idle connections, let
 requests in flight finish (their answers say ``connection: close``) until
@@ -69,6 +79,35 @@ class Gateway:
         self.draining = False
         self.in_flight = 0
         self.clients: set[ClientConnection] = set()
+        self.unproven: dict[ClientConnection, None] = {}  # in order of arrival
+        self.proven: set[ClientConnection] = set()
+
+    def admit(self, client: ClientConnection) -> bool:
+        """Count a new connection as unproven, closing the oldest idle one when all are taken."""
+        if self.draining:
+            return False
+        if len(self.unproven) >= self.config.max_unproven:
+            ripe = client.accepted - self.config.evict_after
+            oldest = next((c for c in self.unproven if not c.busy), None)
+            if oldest is None or oldest.accepted > ripe:
+                return False
+            oldest.close()  # waited for a head the longest: no answer, as at its deadline
+            self.forget(oldest)
+        self.clients.add(client)
+        self.unproven[client] = None
+        return True
+
+    def prove(self, client: ClientConnection) -> None:
+        """Move ``client`` to the proven connections, or refuse its request when they are full."""
+        if len(self.proven) >= self.config.max_connections:
+            raise Refusal(503, "the gateway has too many open connections")
+        self.unproven.pop(client, None)
+        self.proven.add(client)
+
+    def forget(self, client: ClientConnection) -> None:
+        self.clients.discard(client)
+        self.unproven.pop(client, None)
+        self.proven.discard(client)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -112,6 +151,8 @@ class ClientConnection(asyncio.Protocol):
         self.reading_paused = False
         self.timer: asyncio.TimerHandle | None = None
         self.deadline: float | None = None
+        self.proven = False
+        self.accepted = self.loop.time()
 
     @property
     def busy(self) -> bool:
@@ -121,12 +162,10 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = client = cast(asyncio.Transport, transport)  # uvloop's: no subclass
-        gateway = self.gateway
-        if gateway.draining or len(gateway.clients) >= self.config.max_connections:
+        if not self.gateway.admit(self):
             client.write(refusal_bytes(Refusal(503, "the gateway is not accepting connections")))
             self.close()
             return
-        gateway.clients.add(self)
         sock = client.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):  # SNDBUF: a whole answer in one send
@@ -154,7 +193,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self._drop_timer()
-        self.gateway.clients.discard(self)
+        self.gateway.forget(self)
         if self.forward is not None:
             forward, self.forward = self.forward, None
             forward.cancel()
@@ -208,6 +247,9 @@ class ClientConnection(asyncio.Protocol):
         self.kind = route(head)
         if self.kind != HEALTH:
             check_credentials(head, self.config.api_key)
+            if not self.proven:
+                self.gateway.prove(self)
+                self.proven = True
         self.length = body_length(head)
         if self.length > self.config.body_limit:
             raise Refusal(413, f"the request body exceeds {self.config.body_limit} bytes")
@@ -296,7 +338,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _arm(self) -> None:
         """Start the wait for a head or a body (one timer, re-armed lazily when it fires)."""
-        self.deadline = self.loop.time() + self.config.idle_timeout
+        config = self.config
+        wait = config.idle_timeout if self.proven else min(config.head_timeout, config.idle_timeout)
+        self.deadline = self.loop.time() + wait
         if self.timer is None:
             self.timer = self.loop.call_at(self.deadline, self._idle)
 

@@ -24,7 +24,12 @@ from collections.abc import Mapping
 
 import kiln_registry
 from kiln_registry.domain.errors import InputError
-from kiln_registry.gateway.config import MAX_KEY_BYTES, GatewayConfig, gateway_argv
+from kiln_registry.gateway.config import (
+    MAX_KEY_BYTES,
+    GatewayConfig,
+    exposure_warning,
+    gateway_argv,
+)
 from kiln_registry.launcher.policy import LauncherRequest
 from kiln_registry.launcher.policy_options import API_KEY_OPTION
 from kiln_registry.launcher.supervisor import Front
@@ -35,6 +40,7 @@ SOCKET_PLACEHOLDER = "<private runtime dir>/" + VLLM_SOCKET_NAME
 GATEWAY_MODULE = "kiln_registry.gateway"
 GATEWAY_KEY_VARIABLE = "KILN_GATEWAY_API_KEY"
 GATEWAY_ROUTES = ("POST /v1/completions", "GET /v1/models", "GET /health")
+GATEWAY_DEFAULT_HOST = "127.0.0.1"  # an explicit --host after -- goes wider
 _DIRECT_ONLY = ("--host=", "--port=", f"--{API_KEY_OPTION}=")
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -87,7 +93,7 @@ def gateway_front(
     """The gateway's command and environment for a launch (started once vLLM is ready)."""
     options = request.vllm_options
     config = GatewayConfig(
-        host=options.host or "0.0.0.0",
+        host=options.host or GATEWAY_DEFAULT_HOST,
         port=options.port or DEFAULT_VLLM_PORT,
         upstream_uds=uds,
         served_model_id=request.served_model_id,
@@ -119,10 +125,14 @@ def boundary_document(request: LauncherRequest) -> dict[str, object]:
         }
     has_key = request.api_key_env is not None or request.vllm_options.api_key_present
     source = request.api_key_env or "--api-key"
-    return {
+    document: dict[str, object] = {
         "mode": "gateway",
         "listen": health_target(request.vllm_options).url,
         "routes": list(GATEWAY_ROUTES),
         "api_key": f"checked by the gateway (from {source})" if has_key else "none",
         "vllm": f"Unix socket {SOCKET_PLACEHOLDER}; no key; reachable only through the gateway",
     }
+    warning = exposure_warning(request.vllm_options.host or GATEWAY_DEFAULT_HOST, keyed=has_key)
+    if warning is not None:
+        document["warning"] = warning
+    return document

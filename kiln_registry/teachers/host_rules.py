@@ -4,9 +4,15 @@
 pattern names one) matches none of the configured patterns, before anything
 is resolved or sent.  Patterns: ``*`` (any host), ``name`` (exactly), a
 ``*.suffix`` (any sub-domain of ``suffix``, not ``suffix`` itself), or an
-address (IPv6 in brackets), each optionally with ``:port``.  Unset: any host.
-The check compares names, not resolved addresses: confine by address with a
-pattern that names addresses, or resolve names you trust.
+address (IPv6 in brackets), each optionally with ``:port``.
+
+Unset (``teacher_host_patterns``): the loopback names ``localhost``,
+``127.0.0.1`` and ``[::1]`` on any port, plus the exact host and port of each
+configured credential origin (``[teachers.credentials.*] origin``), so a
+registration cannot point the registry's probes at an arbitrary internal
+service; ``"*"`` allows any host, as the old default did.  The check compares
+names, not resolved addresses: confine by address with a pattern that names
+addresses, or resolve names you trust.
 
 Imports the standard library and ``kiln_registry.domain.errors`` only.
 """
@@ -14,11 +20,28 @@ Imports the standard library and ``kiln_registry.domain.errors`` only.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from kiln_registry.domain.errors import RegistrationInvalid
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+LOOPBACK_PATTERNS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def teacher_host_patterns(
+    configured: Sequence[str] | None, credential_origins: Iterable[str]
+) -> tuple[str, ...]:
+    """``[server] teacher_hosts``, or when unset: loopback plus each credential origin."""
+    if configured is not None:
+        return tuple(configured)
+    patterns = list(LOOPBACK_PATTERNS)
+    for origin in credential_origins:  # canonical origins: scheme://host[:port], checked at load
+        parts = urllib.parse.urlsplit(origin)
+        host = (parts.hostname or "").lower()
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+        if host:
+            patterns.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return tuple(patterns)
 
 
 def _split(pattern: str) -> tuple[str, int | None]:
@@ -55,7 +78,8 @@ def check_teacher_host(url: str, patterns: Sequence[str] | None) -> None:
     if host and any(host_matches(pattern, host, port) for pattern in patterns):
         return
     raise RegistrationInvalid(
-        "the teacher URL's host is not in [server] teacher_hosts",
+        "the teacher URL's host is not in [server] teacher_hosts (unset: loopback and the "
+        "configured credential origins)",
         rule="teacher.host_not_allowed",
         hint="register a teacher on an allowed host, or ask the operator to add its host",
     )

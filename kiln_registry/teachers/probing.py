@@ -12,6 +12,10 @@ re-probe, local launch and relaunch, a job's start) goes through
   them, are mapped once, in ``probe.transport``), counts the outcome for
   ``/metrics``, decodes the identity once and checks it against the pinned
   one (``identity.document.same_identity``).
+* SSRF read-back (issue 27): a probe that failed on the teacher's HTTP answer
+  tells its caller only the rule, the probe and the HTTP status
+  (``withhold_teacher_text``); whatever the answer said stays in the report,
+  so in the receipt, and in the registry's log (secrets redacted).
 * Receipts: ``receipt_of`` / ``failure_receipt`` scrub the report of the
   current value of every configured secret variable (the probe never puts a
   secret in a report; this is the second line, for a teacher that reflects
@@ -25,6 +29,7 @@ database layers; never the API layer, the job queue or FastAPI.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,9 +51,18 @@ from kiln_registry.probe.client import ProbeLimiter, probe_teacher
 from kiln_registry.probe.report import ProbeReport, attached_report
 from kiln_registry.probe.verify import StudentView
 from kiln_registry.teachers.context import TeacherServices
-from kiln_registry.teachers.host_rules import check_teacher_host
+from kiln_registry.teachers.host_rules import check_teacher_host, teacher_host_patterns
 
 ProbeCounter = Callable[[str, float, str | None], None]
+log = logging.getLogger("kiln_registry.probe")
+# Messages the registry builds from nothing the teacher sent but a verified identity.
+_FIXED_MESSAGE_RULES = frozenset(
+    {"probe.timeout", "probe.unreachable", "probe.fingerprint_pinned", "probe.cap_not_enforced"}
+)
+WITHHELD_DETAIL = (
+    "what it said is not shown to the caller; an admin finds it in the probe receipt "
+    "or the registry's log"
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,9 @@ def resolve_endpoint(
 ) -> ResolvedTeacher:
     """The endpoint and secret handle of a teacher URL (``teacher_hosts`` first, if guarded)."""
     if guard_hosts:
-        check_teacher_host(url, config.server.teacher_hosts)  # before any probe (issue 15)
+        origins = (credential.origin for credential in config.teachers.credentials.values())
+        patterns = teacher_host_patterns(config.server.teacher_hosts, origins)
+        check_teacher_host(url, patterns)  # before any probe (issue 15; default: issue 27)
     return resolve_teacher_endpoint(
         url,
         credential_id,
@@ -139,6 +155,27 @@ def failure_receipt(
     """The scrubbed receipt of the report a failed probe attached, if any."""
     report = attached_report(exc)
     return None if report is None else receipt_of(report, secret_names, **extra)
+
+
+def withhold_teacher_text(exc: KilnError, secret_names: frozenset[str]) -> None:
+    """Replace a failed probe's message with its rule and status when the teacher answered.
+
+    The teacher may be any service a caller named: its error text, or what a 200
+    failed on, would read that service back to the caller.  The report attached
+    to ``exc`` (and so the receipt) keeps the full message; the log gets it too.
+    """
+    report = attached_report(exc)
+    answered = [a for a in report.attempts if a.status_code is not None] if report else []
+    fixed = exc.rule in _FIXED_MESSAGE_RULES
+    if report is None or not answered or not isinstance(exc, ProbeFailed) or fixed:
+        return
+    last = answered[-1]
+    log.warning("teacher probe of %s failed: %s", report.url, redact_text(str(exc), secret_names))
+    exc.message = (
+        f"{last.purpose} probe (K={last.k}): the teacher answered HTTP {last.status_code}; "
+        f"{WITHHELD_DETAIL}"
+    )
+    exc.args = (exc.message,)
 
 
 def _count(setup: ProbeSetup, outcome: str, started: float, rule: str | None = None) -> None:
@@ -191,6 +228,7 @@ async def run_probes(
         raise
     except KilnError as exc:
         _count(setup, exc.code, started, exc.rule)
+        withhold_teacher_text(exc, setup.secret_names)
         raise
     _count(setup, "passed", started)
     identity = _proved_identity(setup, report, pinned)

@@ -97,7 +97,8 @@ def _no_null_optionals(entry: dict[str, Any]) -> None:
 
 CREDENTIAL_CASES = [
     ("nope", f"{ORIGIN}/v1", "credential.unknown"),
-    ("primary", "https://other.example.com/v1", "credential.origin_mismatch"),
+    # another host: refused first by the default teacher_hosts (issue 27 item 13)
+    ("primary", "https://other.example.com/v1", "teacher.host_not_allowed"),
     ("primary", f"{ORIGIN}/v1", "secret.missing"),
 ]
 

@@ -83,7 +83,7 @@ def test_the_gateway_command_names_the_variable_never_the_key() -> None:
         base_alias="kiln-base-0123456789abcdef", stop_grace=15.0,
     )  # fmt: skip
     assert front.argv == (
-        "/py", "-m", "kiln_registry.gateway", "--host=0.0.0.0", "--port=9001",
+        "/py", "-m", "kiln_registry.gateway", "--host=127.0.0.1", "--port=9001",
         "--upstream-uds=/tmp/k/vllm.sock", "--served-model-id=teacher", "--max-model-len=64",
         "--max-top-k=8", "--drain-seconds=14", "--base-alias=kiln-base-0123456789abcdef",
         f"--api-key-env={GATEWAY_KEY_VARIABLE}",
@@ -122,3 +122,18 @@ def test_the_boundary_is_described() -> None:
     assert on["listen"] == "http://[::1]:8000"
     assert on["api_key"] == "checked by the gateway (from KILN_K)"
     assert boundary_document(_request())["api_key"] == "none"
+
+
+def test_the_gateway_listens_on_loopback_unless_told_otherwise() -> None:
+    keyed = _request("--api-key-env=KILN_K")
+    front = gateway_front(keyed, {"KILN_K": KEY}, uds="/s", python="/py", base_alias=None,
+                          stop_grace=2.0)  # fmt: skip
+    assert "--host=127.0.0.1" in front.argv
+    assert "warning" not in boundary_document(keyed)
+    wide = _request("--api-key-env=KILN_K", extras=("--host=0.0.0.0",))
+    front = gateway_front(wide, {"KILN_K": KEY}, uds="/s", python="/py", base_alias=None,
+                          stop_grace=2.0)  # fmt: skip
+    assert "--host=0.0.0.0" in front.argv
+    assert "plain HTTP" in str(boundary_document(wide)["warning"])
+    open_wide = boundary_document(_request(extras=("--host=192.0.2.7",)))
+    assert "without an API key" in str(open_wide["warning"])

@@ -2,7 +2,7 @@
 
 A real registry registers URLs that point at a loopback service answering
 with a non-vLLM error page (its text must not come back), at a vLLM-shaped
-error (quoted, as before), at a closed port, at a TLS server it does not
+error (not quoted either, since issue 27), at a closed port, at a TLS server it does not
 trust and at a server that drops the connection (one error, same message);
 ``[server] teacher_hosts`` refuses other hosts before any request is sent.
 """
@@ -41,9 +41,11 @@ def test_non_vllm_error_body_is_not_echoed(
     assert counting_teacher.requests  # it did answer; only the status comes back
 
 
-def test_vllm_error_body_is_quoted(
+def test_vllm_error_body_is_not_quoted_either(
     registry: RegistryServer, counting_teacher: CountingTeacher
 ) -> None:
+    # Issue 27 item 13: a vLLM-shaped error was quoted (up to 400 characters); any
+    # service can answer in that shape, so only the rule and the status come back.
     counting_teacher.status = 404
     counting_teacher.body = (
         b'{"error":{"message":"The model `m` does not exist.","type":"NotFoundError",'
@@ -51,7 +53,8 @@ def test_vllm_error_body_is_quoted(
     )
     with registry.client() as http:
         error = _register(http, counting_teacher.url + "/v1")
-    assert "The model `m` does not exist." in error["message"]
+    assert "does not exist" not in error["message"] and "HTTP 404" in error["message"]
+    assert error["rule"] == "probe.http_status"
 
 
 @pytest.fixture

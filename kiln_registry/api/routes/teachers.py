@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api import teacher_views as service
@@ -30,6 +30,8 @@ from kiln_registry.api.schemas import (
     TeachersListResponse,
 )
 from kiln_registry.api.strict_body import StrictJsonRoute
+from kiln_registry.auth.middleware import STATE_KEY
+from kiln_registry.auth.tokens import TokenIdentity
 from kiln_registry.domain.aliases import ALIAS_RULE_TEXT
 
 router = APIRouter(prefix="/v1/teachers", tags=["teachers"], route_class=StrictJsonRoute)
@@ -116,11 +118,23 @@ async def launch_teacher(alias: Alias, ctx: Ctx) -> TeacherEntry:
 async def list_receipts(
     alias: Alias,
     ctx: Ctx,
+    request: Request,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> ReceiptsResponse:
     """Stored probe reports of the alias, newest first (kept after a delete), in pages."""
-    return await run_in_threadpool(service.list_receipts, ctx, alias, limit, cursor)
+    full = _is_admin(request)
+    return await run_in_threadpool(service.list_receipts, ctx, alias, limit, cursor, full)
+
+
+def _is_admin(request: Request) -> bool:
+    """An ``admin`` token, or no token because auth is off (issue 27 item 13: who reads
+    a failed probe's teacher text)."""
+    state = request.scope.get("state")
+    token = state.get(STATE_KEY) if isinstance(state, dict) else None
+    if isinstance(token, TokenIdentity):
+        return "admin" in token.scopes
+    return token is None
 
 
 @router.get(
