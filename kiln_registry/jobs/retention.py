@@ -41,6 +41,7 @@ from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import JobNotFound, KilnError
+from kiln_registry.jobs.corpus import fsync_dir
 from kiln_registry.jobs.generation_output import signature_path
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.service import result_dir
@@ -52,14 +53,6 @@ SWEEP_BATCH: Final = 100
 MAX_SWEEP_ROUNDS: Final = 1000  # 100,000 jobs per sweep; the next sweep takes the rest
 MAX_TOMBSTONES: Final = 10_000
 TOMBSTONE_SUFFIX: Final = ".deleting"
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def tombstone(path: Path) -> Path:
@@ -85,7 +78,7 @@ def _set_aside(result_path: str | None) -> list[tuple[Path, Path]]:
             continue
         moved.append((path, tombstone(path)))
     if moved:
-        _fsync_dir(moved[0][0].parent)
+        fsync_dir(moved[0][0].parent)
     return moved
 
 
@@ -103,12 +96,12 @@ def delete_job(sessions: sessionmaker[Session], job_id: str) -> None:
         for path, grave in moved:
             os.replace(grave, path)
         if moved:
-            _fsync_dir(moved[0][0].parent)
+            fsync_dir(moved[0][0].parent)
         raise
     for _path, grave in moved:
         grave.unlink(missing_ok=True)
     if moved:
-        _fsync_dir(moved[0][0].parent)
+        fsync_dir(moved[0][0].parent)
 
 
 def recover_deletions(config: KilnConfig, sessions: sessionmaker[Session]) -> int:
@@ -131,7 +124,7 @@ def recover_deletions(config: KilnConfig, sessions: sessionmaker[Session]) -> in
         else:
             grave.unlink(missing_ok=True)
     if graves:
-        _fsync_dir(root)
+        fsync_dir(root)
     return len(graves)
 
 
