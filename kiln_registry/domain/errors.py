@@ -29,7 +29,8 @@ same failure.
     ├── LocalTeacherBusy           teacher_launch_conflict                     409
     ├── JobInvalid                 job_invalid                                 400
     ├── JobNotFound                job_not_found                               404
-    └── JobConflict                job_conflict                                409
+    ├── JobConflict                job_conflict                                409
+    └── JobQueueFull               job_queue_full (Retry-After)                429
 
 Messages never contain secrets: callers pass names of variables, never their
 values.  This module imports only the standard library.
@@ -222,3 +223,12 @@ class JobConflict(KilnError):
     status = 409
     code = "job_conflict"
     default_hint = "read the job's status with GET /v1/jobs/{id}"
+
+
+class JobQueueFull(KilnError):
+    """A submission past ``[jobs] max_queued_*``: the queue (or the token's share) is full."""
+
+    status = 429
+    code = "job_queue_full"
+    retry_after = 60
+    default_hint = "wait for queued jobs to finish (or cancel some), then submit again"
