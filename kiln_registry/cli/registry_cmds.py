@@ -37,7 +37,9 @@ def _import(args: argparse.Namespace) -> int:
         revision = ensure_schema(engine, upgrade=True)
         # A bar over the entries on a terminal (stderr); nothing on a pipe.
         with ProgressBar("kiln registry import", unit="entries") as bar:
-            result = import_legacy_registry(args.path, session_factory(engine), bar.update_to)
+            result = import_legacy_registry(
+                args.path, session_factory(engine), bar.update_to, server=config.server
+            )
     finally:
         engine.dispose()
     summary = {
@@ -45,6 +47,7 @@ def _import(args: argparse.Namespace) -> int:
         "database_revision": revision,
         "imported": list(result.imported),
         "already_present": list(result.already_present),
+        "refused": [{"alias": alias, "reason": why} for alias, why in result.refused],
         "api_key_env_removed_from": result.stripped_entries,
         "rewritten": result.rewritten,
     }

@@ -23,9 +23,18 @@
 * ``audit_retain_days``: events older than this many days are dropped as new
   ones are written (default: unset, only the count cap applies).
 
-The ``[jobs]`` key ``retain_days``: finished jobs (succeeded, failed,
-cancelled) older than this many days are deleted with their results by the
-job workers (default: unset, jobs are kept until deleted).
+The ``[jobs]`` keys (issue 27 item 8: growth is bounded):
+
+* ``retain_days``: finished jobs (succeeded, failed, cancelled) older than
+  this many days are deleted with their results by the job workers (default
+  30).
+* ``max_queued_jobs`` / ``max_queued_tokens``: the most active (queued,
+  probing, running) jobs, and input tokens in them, the registry holds
+  (default 1000 jobs, 256,000,000 tokens); past either a submission is
+  ``429 job_queue_full``.
+* ``max_queued_jobs_per_token`` / ``max_queued_tokens_per_token``: the same
+  for the jobs of one token (all of auth-off's callers are one) (default 100
+  jobs, 64,000,000 tokens: one maximal corpus job).
 
 Imports pydantic, the standard library and ``kiln_registry.domain.text`` only.
 """
@@ -91,8 +100,12 @@ class ServerGuardKeys(BaseModel):
 
 
 class JobsGuardKeys(BaseModel):
-    """``[jobs]`` keys of issue 15: ``retain_days`` (finished-job retention)."""
+    """``[jobs]`` keys of issues 15 and 27: retention and the queue's quotas."""
 
     model_config = _FROZEN
 
-    retain_days: Annotated[StrictInt, Field(ge=1, le=36_500)] | None = None
+    retain_days: Annotated[StrictInt, Field(ge=1, le=36_500)] = 30
+    max_queued_jobs: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 1_000
+    max_queued_tokens: Annotated[StrictInt, Field(ge=1, le=1 << 40)] = 256_000_000
+    max_queued_jobs_per_token: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 100
+    max_queued_tokens_per_token: Annotated[StrictInt, Field(ge=1, le=1 << 40)] = 64_000_000

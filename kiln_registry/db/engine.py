@@ -63,6 +63,7 @@ from kiln_registry.db.legacy import LEGACY_BASE_REVISION, check_legacy_rows, is_
 from kiln_registry.db.location import PostgresDatabase
 from kiln_registry.db.postgres import BEGIN_OPTION as BEGIN_OPTION
 from kiln_registry.db.postgres import open_postgres, table_names
+from kiln_registry.db.space import needs_conversion
 from kiln_registry.domain.errors import ConfigError
 
 log = logging.getLogger("kiln_registry.db")
@@ -95,6 +96,9 @@ def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # Before WAL, which writes the header of a new file: a new database is created with
+        # incremental auto-vacuum (db.space); an older one is converted by upgrade_to_head.
+        cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
         mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()
         if mode is None or str(mode[0]).lower() != "wal":
             raise ConfigError(
@@ -346,10 +350,12 @@ def upgrade_to_head(engine: Engine, *, script_location: Path | None = None) -> s
             _stamp_legacy(conn, config, where)
         command.upgrade(config, "head")
         revision = MigrationContext.configure(conn).get_current_revision()
+        convert = engine.dialect.name == "sqlite" and needs_conversion(conn)
     if revision is None:
         raise ConfigError(f"database {where} has no revision after upgrade", rule="db.upgrade")
     if engine.dialect.name == "sqlite":
-        _checkpoint(engine, vacuum=shape == "legacy_v0")
+        # VACUUM also turns on incremental auto-vacuum in a file made before it (db.space).
+        _checkpoint(engine, vacuum=shape == "legacy_v0" or convert)
     return revision
 
 

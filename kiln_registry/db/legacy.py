@@ -12,8 +12,9 @@ This module owns:
 * ``insert_legacy_entries(session, entries, source)``: the database half of
   the ``teachers.json`` import (each entry with the status and identity the
   file side derived; aliases already present are left alone, so a second run
-  changes nothing, and an alias imported before and deleted since is not
-  added again: ``legacy_imports`` remembers it).
+  changes nothing, an alias imported before and deleted since is not
+  added again: ``legacy_imports`` remembers it, and one the caller's
+  ``refusal`` rule refuses is skipped and reported).
 
 ``api_key_env`` is never selected or passed through here: the SQLite
 conversion never reads that column, and ``LegacyEntry`` has no such field.
@@ -154,13 +155,17 @@ def insert_legacy_entries(
     entries: Sequence[LegacyEntry],
     source: str,
     on_progress: Callable[[int, int], None] | None = None,
-) -> tuple[list[str], list[str], list[str]]:
-    """Add each entry; return (imported, already present, deleted since import) aliases.
+    refusal: Callable[[str], str | None] | None = None,
+) -> tuple[list[str], list[str], list[str], list[tuple[str, str]]]:
+    """Add each entry; return the aliases imported, already present, deleted since
+    import, and refused (with the reason).
 
     Runs in the caller's transaction and never commits.  An alias that is
     already registered (imported earlier, or registered again since) is
     left exactly as it is; one that an earlier import added and that was
-    deleted since is skipped.  Every added alias is recorded as imported.
+    deleted since is skipped; one for which ``refusal(alias)`` gives a reason
+    (reserved, a look-alike, an invisible character: the registration rules)
+    is skipped and reported.  Every added alias is recorded as imported.
     ``on_progress(done, total)`` is called after each entry.
     """
     if len(entries) > MAX_LEGACY_ROWS:
@@ -169,18 +174,21 @@ def insert_legacy_entries(
     imported: list[str] = []
     present: list[str] = []
     deleted: list[str] = []
+    refused: list[tuple[str, str]] = []
     for done, entry in enumerate(entries, 1):
         if repo.get(entry.alias) is not None:
             present.append(entry.alias)
         elif record.was_imported(entry.alias):
             deleted.append(entry.alias)
+        elif refusal is not None and (reason := refusal(entry.alias)) is not None:
+            refused.append((entry.alias, reason))
         else:
             repo.insert(_row(entry))
             record.record_import(entry.alias, source)
             imported.append(entry.alias)
         if on_progress is not None:
             on_progress(done, len(entries))
-    return imported, present, deleted
+    return imported, present, deleted, refused
 
 
 def _row(entry: LegacyEntry) -> TeacherRow:

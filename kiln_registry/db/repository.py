@@ -42,7 +42,7 @@ from kiln_registry.db.models import (
     TeacherRow,
     utc_timestamp,
 )
-from kiln_registry.domain.aliases import alias_fold
+from kiln_registry.domain.alias_skeleton import alias_hazard, alias_skeleton
 from kiln_registry.domain.errors import (
     AliasExists,
     InputError,
@@ -140,19 +140,27 @@ class TeacherRepository:
         return self._session.get(TeacherRow, alias)
 
     def check_new_alias(self, alias: str, max_teachers: int = DEFAULT_MAX_TEACHERS) -> None:
-        """Refuse a look-alike of a registered alias, or any new alias past the cap."""
+        """Refuse an alias with invisible characters, a look-alike of a registered alias
+        (same ``alias_skeleton``), or any new alias past the cap."""
+        hazard = alias_hazard(alias)
+        if hazard is not None:
+            raise RegistrationInvalid(
+                f"teacher alias {alias!r}: {hazard}",
+                rule="alias.invisible",
+                hint="use visible characters only, with no white space at either end",
+            )
         existing = list(self._session.scalars(select(TeacherRow.alias).limit(max_teachers + 1)))
         if len(existing) >= max_teachers:
             raise TeacherLimitReached(
                 f"the registry holds {max_teachers} aliases, its [server] max_teachers limit",
                 hint="delete unused aliases or raise [server] max_teachers",
             )
-        folded = alias_fold(alias)
+        skeleton = alias_skeleton(alias)
         for other in existing:
-            if other != alias and alias_fold(other) == folded:
+            if other != alias and alias_skeleton(other) == skeleton:
                 raise AliasExists(
                     f"teacher alias {alias!r} differs from the registered {other!r} only by"
-                    " case or Unicode compatibility form",
+                    " case, Unicode compatibility form or look-alike characters",
                     rule="alias.lookalike",
                 )
 

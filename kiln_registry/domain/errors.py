@@ -31,6 +31,7 @@ same failure.
     ├── JobInvalid                 job_invalid                                 400
     ├── JobNotFound                job_not_found                               404
     ├── JobConflict                job_conflict                                409
+    ├── JobQueueFull               job_queue_full (Retry-After)                429
     └── DatabaseUnavailable        database_unavailable                        503
 
 Messages never contain secrets: callers pass names of variables, never their
@@ -245,3 +246,12 @@ class DatabaseUnavailable(KilnError):
     code = "database_unavailable"
     retry_after = 5
     default_hint = "the registry's database is restarting or busy; retry in a few seconds"
+
+
+class JobQueueFull(KilnError):
+    """A submission past ``[jobs] max_queued_*``: the queue (or the token's share) is full."""
+
+    status = 429
+    code = "job_queue_full"
+    retry_after = 60
+    default_hint = "wait for queued jobs to finish (or cancel some), then submit again"

@@ -34,7 +34,13 @@ from kiln_registry.jobs.generation_sources import (
 )
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.service import JobSubmission, _job_row, _read_pin, insert_pinned
+from kiln_registry.jobs.service import (
+    JobSubmission,
+    Submitter,
+    _job_row,
+    _read_pin,
+    insert_pinned,
+)
 from kiln_registry.jobs.sources import LoadedSequences
 
 
@@ -63,9 +69,12 @@ def load_prompts(
 
 
 def submit_generation(
-    config: KilnConfig, sessions: sessionmaker[Session], sub: GenerationSubmission
+    config: KilnConfig,
+    sessions: sessionmaker[Session],
+    sub: GenerationSubmission,
+    owner: str | None = None,
 ) -> JobRow:
-    """Validate and queue a generation job; return its row (detached from the session)."""
+    """Validate and queue a generation job for ``owner``; return its row (detached)."""
     pin = _read_pin(sessions, sub.teacher)
     prompts = load_prompts(config, sub, pin.identity)
 
@@ -79,7 +88,8 @@ def submit_generation(
         insert_prompts(session, job_id, prompts.items)
         return row
 
-    return insert_pinned(sessions, sub.teacher, pin, write)
+    submitter = Submitter(config.jobs, owner)
+    return insert_pinned(sessions, sub.teacher, pin, write, submitter, prompts.token_count)
 
 
 def generation_submission(body: Any) -> GenerationSubmission:

@@ -46,6 +46,7 @@ class JobRow(Base):
         CheckConstraint(in_list("source", JOB_SOURCES), name="source"),
         Index("ix_jobs_status_created_at", "status", "created_at"),
         Index("ix_jobs_created_at", "created_at"),
+        Index("ix_jobs_owner_status", "owner", "status"),
     )
 
     id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -92,9 +93,11 @@ class JobRow(Base):
     # Worker leases (0006): who holds the job, and until when without a renewal.
     lease_owner: Mapped[str | None] = mapped_column(Text)
     lease_expires_at: Mapped[str | None] = mapped_column(Text)
-    # Issue 26 (0009): ``kiln-logit-cache-v3`` when a scoring job also publishes its rows
+    # Issue 26 (0010): ``kiln-logit-cache-v3`` when a scoring job also publishes its rows
     # into ``[jobs] logit_cache_root``; NULL otherwise.
     output: Mapped[str | None] = mapped_column(Text)
+    # Ownership (0011): the submitting token's name; NULL with auth off (admin sees all).
+    owner: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:
         return f"JobRow(id={self.id!r}, status={self.status!r}, teacher={self.teacher_alias!r})"

@@ -126,11 +126,25 @@ class JobRepository:
     def get(self, job_id: str) -> JobRow | None:
         return self._session.get(JobRow, job_id)
 
-    def require(self, job_id: str) -> JobRow:
+    def require(self, job_id: str, viewer: str | None = None) -> JobRow:
+        """The job; ``JobNotFound`` when it is missing or, with ``viewer`` (a token name
+        without ``admin``), when another token submitted it: one answer for both."""
         row = self.get(job_id)
-        if row is None:
+        if row is None or (viewer is not None and row.owner != viewer):
             raise JobNotFound(f"job {job_id!r} does not exist")
         return row
+
+    def active_totals(self, *, owner: str | None, per_owner: bool) -> tuple[int, int]:
+        """``(jobs, input tokens)`` of the unfinished (queued or active) jobs: all of them,
+        or one owner's."""
+        unfinished = (JobStatus.queued, *ACTIVE_JOB_STATUSES)
+        query = select(func.count(), func.coalesce(func.sum(JobRow.token_count), 0)).where(
+            JobRow.status.in_(unfinished)
+        )
+        if per_owner:
+            query = query.where(JobRow.owner.is_(None) if owner is None else JobRow.owner == owner)
+        jobs, tokens = self._session.execute(query).one()
+        return int(jobs), int(tokens)
 
     def list_jobs(
         self,
@@ -138,8 +152,10 @@ class JobRepository:
         limit: int = 100,
         status: str | None = None,
         before: tuple[str, str] | None = None,
+        viewer: str | None = None,
     ) -> list[JobRow]:
-        """Up to ``limit`` jobs, newest first, optionally of one status.
+        """Up to ``limit`` jobs, newest first, optionally of one status (and only
+        ``viewer``'s when given).
 
         ``before`` is the ``(created_at, id)`` of the last job of the previous page.
         """
@@ -150,15 +166,17 @@ class JobRepository:
             if status not in JOB_STATUSES:
                 raise InputError(f"status {status!r} is not a job status", rule="job.status")
             query = query.where(JobRow.status == status)
+        if viewer is not None:
+            query = query.where(JobRow.owner == viewer)
         if before is not None:
             created, last = before
             older = JobRow.created_at < created
             query = query.where(older | ((JobRow.created_at == created) & (JobRow.id < last)))
         return list(self._session.scalars(query.limit(limit)))
 
-    def delete_finished(self, job_id: str) -> None:
+    def delete_finished(self, job_id: str, viewer: str | None = None) -> None:
         """Remove a finished job and its sequences; ``JobConflict`` while it is not finished."""
-        row = self.require(job_id)
+        row = self.require(job_id, viewer)
         if row.status not in TERMINAL_JOB_STATUSES:
             raise JobConflict(
                 f"job {job_id!r} is {row.status}; only a finished job (succeeded, failed or"
@@ -259,9 +277,9 @@ class JobRepository:
         value = self._session.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id))
         return bool(value)
 
-    def request_cancel(self, job_id: str) -> JobRow:
+    def request_cancel(self, job_id: str, viewer: str | None = None) -> JobRow:
         """Cancel now (queued), at the next request boundary (active), or refuse (done)."""
-        row = self.require(job_id)
+        row = self.require(job_id, viewer)
         now = utc_timestamp()
         if row.status == JobStatus.queued:
             self._session.execute(

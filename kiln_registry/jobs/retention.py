@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
+from kiln_registry.db.space import reclaim_space
 from kiln_registry.domain.errors import JobNotFound, KilnError
 from kiln_registry.jobs.corpus import fsync_dir
 from kiln_registry.jobs.generation_output import signature_path
@@ -82,15 +83,25 @@ def _set_aside(result_path: str | None) -> list[tuple[Path, Path]]:
     return moved
 
 
-def delete_job(sessions: sessionmaker[Session], job_id: str) -> None:
-    """Remove a finished job's rows and result files atomically (``JobConflict`` if active)."""
+def delete_job(
+    sessions: sessionmaker[Session],
+    job_id: str,
+    viewer: str | None = None,
+    *,
+    reclaim: bool = True,
+) -> None:
+    """Remove a finished job's rows and result files atomically (``JobConflict`` if active).
+
+    ``viewer`` (a non-admin token's name) may delete only its own jobs.  On SQLite
+    the freed pages go back to the file system (``reclaim_space``).
+    """
     moved: list[tuple[Path, Path]] = []
     try:
         with unit_of_work(sessions) as session:
             repo = JobRepository(session)
-            row = repo.require(job_id)
+            row = repo.require(job_id, viewer)
             result_path = row.result_path
-            repo.delete_finished(job_id)  # refuses an active job before any file moves
+            repo.delete_finished(job_id, viewer)  # refuses an active job before any file moves
             moved = _set_aside(result_path)
     except BaseException:
         for path, grave in moved:
@@ -102,6 +113,8 @@ def delete_job(sessions: sessionmaker[Session], job_id: str) -> None:
         grave.unlink(missing_ok=True)
     if moved:
         fsync_dir(moved[0][0].parent)
+    if reclaim:
+        reclaim_space(sessions)
 
 
 def recover_deletions(config: KilnConfig, sessions: sessionmaker[Session]) -> int:
@@ -147,7 +160,7 @@ def sweep_expired(config: KilnConfig, sessions: sessionmaker[Session]) -> int:
         removed = 0
         for job_id, _path in batch:
             try:
-                delete_job(sessions, job_id)
+                delete_job(sessions, job_id, reclaim=False)
             except JobNotFound:  # another worker's sweep deleted it first: nothing to do
                 continue
             except (KilnError, OSError, SQLAlchemyError) as exc:  # the next sweep retries
@@ -158,5 +171,6 @@ def sweep_expired(config: KilnConfig, sessions: sessionmaker[Session]) -> int:
         if len(batch) < SWEEP_BATCH or removed == 0:
             break
     if deleted:
+        reclaim_space(sessions)
         log.info("retention: deleted %d finished job(s) older than %d day(s)", deleted, days)
     return deleted

@@ -10,7 +10,11 @@ needs ``[jobs] logit_cache_root``.  Unknown aliases are
 ``TeacherNotFound.in_job`` (``400 teacher_not_registered``); aliases without a
 verified, usable identity are ``IdentityRequired``.  The corpus is read outside
 any transaction; the insert transaction re-reads the alias and refuses
-(``JobConflict``) if it changed meanwhile.
+(``JobConflict``) if it changed meanwhile, and checks the queue's quotas
+(``jobs.quotas``).  A job belongs to the token that submitted it
+(``jobs.owner``); every lookup takes a ``viewer``: ``None`` (an admin token,
+or auth off) sees every job, a token name only that token's jobs, and
+another token's job is ``job_not_found`` like a missing one.
 
 Call these from a worker thread (they block on SQLite and files).
 Imports: standard library, SQLAlchemy, ``kiln_registry.config.settings``/``db``/
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config.settings import KilnConfig
+from kiln_registry.config.settings import JobsConfig, KilnConfig
 from kiln_registry.db.engine import BEGIN_OPTION
 from kiln_registry.db.models import TeacherRow, utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
@@ -39,6 +43,7 @@ from kiln_registry.domain.errors import (
 from kiln_registry.domain.vocabulary import JobKind, JobStatus, TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.models import JobRow
+from kiln_registry.jobs.quotas import check_quotas
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.sources import LoadedSequences, corpus_sequences, inline_sequences
 
@@ -174,14 +179,26 @@ def _job_row(
     )  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class Submitter:
+    """Who submits a job (``owner``: the token's name, ``None`` with auth off) and the
+    ``[jobs]`` quotas it is held to."""
+
+    jobs: JobsConfig
+    owner: str | None = None
+
+
 def insert_pinned(
     sessions: sessionmaker[Session],
     alias: str,
     pin: PinnedTeacher,
     write: Callable[[Session, str], JobRow],
+    submitter: Submitter,
+    tokens: int,
 ) -> JobRow:
     """Insert a new job (``write(session, job_id)``) in one transaction that re-reads the
-    alias: ``JobConflict`` if it changed since ``pin`` was read.  Returns the detached row."""
+    alias (``JobConflict`` if it changed since ``pin`` was read) and checks the queue's
+    quotas for ``tokens`` more input tokens (``JobQueueFull``).  Returns the detached row."""
     job_id = "job-" + secrets.token_hex(12)
     with unit_of_work(sessions) as session:
         if pin_teacher(TeacherRepository(session).get(alias), alias) != pin:
@@ -189,14 +206,21 @@ def insert_pinned(
                 f"teacher alias {alias!r} changed while the job was being submitted",
                 hint="submit the job again",
             )
+        check_quotas(session, submitter.jobs, submitter.owner, tokens)
         row = write(session, job_id)
+        row.owner = submitter.owner
         session.flush()
         session.expunge(row)
         return row
 
 
-def submit_job(config: KilnConfig, sessions: sessionmaker[Session], sub: JobSubmission) -> JobRow:
-    """Validate and queue a job; return its row (detached from the session)."""
+def submit_job(
+    config: KilnConfig,
+    sessions: sessionmaker[Session],
+    sub: JobSubmission,
+    owner: str | None = None,
+) -> JobRow:
+    """Validate and queue a job for ``owner``; return its row (detached from the session)."""
     pin = _read_pin(sessions, sub.teacher)
     loaded = _load(config, sub, pin.identity)
 
@@ -206,7 +230,8 @@ def submit_job(config: KilnConfig, sessions: sessionmaker[Session], sub: JobSubm
         JobRepository(session).insert(row, items)
         return row
 
-    return insert_pinned(sessions, sub.teacher, pin, write)
+    submitter = Submitter(config.jobs, owner)
+    return insert_pinned(sessions, sub.teacher, pin, write, submitter, loaded.token_count)
 
 
 def _read_only(session: Session) -> None:
@@ -214,10 +239,11 @@ def _read_only(session: Session) -> None:
     session.connection(execution_options={BEGIN_OPTION: "DEFERRED"})
 
 
-def get_job(sessions: sessionmaker[Session], job_id: str) -> JobRow:
+def get_job(sessions: sessionmaker[Session], job_id: str, viewer: str | None = None) -> JobRow:
+    """The job (``viewer``: a non-admin token's name sees only its own jobs)."""
     with unit_of_work(sessions) as session:
         _read_only(session)
-        row = JobRepository(session).require(job_id)
+        row = JobRepository(session).require(job_id, viewer)
         session.expunge(row)
         return row
 
@@ -228,25 +254,30 @@ def list_jobs(
     limit: int = 100,
     status: str | None = None,
     before: tuple[str, str] | None = None,
+    viewer: str | None = None,
 ) -> list[JobRow]:
     """Newest first; ``before`` is the ``(created_at, id)`` of the previous page's last job."""
     with unit_of_work(sessions) as session:
         _read_only(session)
-        rows = JobRepository(session).list_jobs(limit=limit, status=status, before=before)
+        rows = JobRepository(session).list_jobs(
+            limit=limit, status=status, before=before, viewer=viewer
+        )
         session.expunge_all()
         return rows
 
 
-def cancel_job(sessions: sessionmaker[Session], job_id: str) -> JobRow:
+def cancel_job(sessions: sessionmaker[Session], job_id: str, viewer: str | None = None) -> JobRow:
     with unit_of_work(sessions) as session:
-        row = JobRepository(session).request_cancel(job_id)
+        row = JobRepository(session).request_cancel(job_id, viewer)
         session.expunge(row)
         return row
 
 
-def result_file(sessions: sessionmaker[Session], job_id: str) -> tuple[JobRow, Path]:
+def result_file(
+    sessions: sessionmaker[Session], job_id: str, viewer: str | None = None
+) -> tuple[JobRow, Path]:
     """The published corpus of a succeeded job; ``JobConflict`` otherwise."""
-    row = get_job(sessions, job_id)
+    row = get_job(sessions, job_id, viewer)
     if row.status != JobStatus.succeeded or row.result_path is None:
         raise JobConflict(
             f"job {job_id!r} is {row.status}; a result exists only once it has succeeded",

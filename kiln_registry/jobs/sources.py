@@ -22,7 +22,7 @@ import os
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Final
 
 import numpy as np
@@ -159,7 +159,15 @@ def inline_sequences(
 
 
 def confined_corpus_path(root: Path | None, given: str) -> Path:
-    """The resolved corpus file: it must exist, be regular and lie under ``root``."""
+    """The resolved corpus file: it must exist, be regular and lie under ``root``.
+
+    ``given`` is judged lexically first, before the filesystem is touched: a
+    ``..`` step, or an absolute path that does not start with the root (as
+    configured or as resolved), gets the one ``corpus_unavailable`` refusal, so
+    no answer depends on what exists outside the root (issue 27, item 5).  Only
+    then is the path under the root resolved (symlinks followed) and checked
+    again.
+    """
     if root is None:
         raise JobInvalid(
             "corpus.path: corpus jobs are disabled because [jobs] corpus_root is not configured",
@@ -170,8 +178,11 @@ def confined_corpus_path(root: Path | None, given: str) -> Path:
         raise _invalid("corpus.path", "corpus_path", "must be a non-empty path")
     try:
         base = root.resolve(strict=True)
-        candidate = Path(given) if Path(given).is_absolute() else base / given
-        resolved = candidate.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise _unavailable() from None
+    relative = _lexically_under(PurePosixPath(given), (Path(os.path.abspath(root)), base))
+    try:
+        resolved = (base / relative).resolve(strict=True)
     except (OSError, RuntimeError):
         raise _unavailable() from None
     if not resolved.is_relative_to(base):
@@ -179,6 +190,18 @@ def confined_corpus_path(root: Path | None, given: str) -> Path:
         # the caller's business (issue 15, attack 8).
         raise _unavailable()
     return resolved
+
+
+def _lexically_under(given: PurePosixPath, roots: tuple[Path, ...]) -> PurePosixPath:
+    """``given`` relative to the first of ``roots`` it names, judged without the filesystem."""
+    if ".." in given.parts:
+        raise _unavailable()
+    if not given.is_absolute():
+        return given
+    for root in roots:
+        if given.is_relative_to(root.as_posix()):
+            return given.relative_to(root.as_posix())
+    raise _unavailable()
 
 
 def _unavailable() -> JobInvalid:

@@ -21,14 +21,20 @@ the old file or the new one, and the database with none or all entries;
 running again finishes the job.  A second run changes nothing: aliases
 already present are left alone, an alias imported before and deleted since
 is not added again (``legacy_imports`` remembers it), and a file without
-the field is not rewritten.  Anything else is refused with an
+the field is not rewritten.  A new alias obeys the registration rules (issue
+27 item 10): a reserved alias, a look-alike of a registered or reserved one,
+an alias with an invisible character, or one past ``max_teachers`` is
+skipped, logged and listed in ``ImportResult.refused``; every alias added is
+an audit row (``teacher.import``, no token) in the import's transaction, at
+start-up too.  Anything else is refused with an
 ``InputError``, nothing is imported and the file is left untouched; at
 start-up (``import_configured_legacy_registry``) the refusal is logged and
 recorded for ``GET /ready`` instead of stopping the server.  A crash can
 leave a ``.<name>.*.kiln-import.tmp`` file beside the registry; it holds the
 stripped copy (no secret) and may be deleted.
 
-Imports: the standard library, SQLAlchemy's session types,
+Imports: the standard library, SQLAlchemy's session types, ``kiln_registry.auth``
+(the audit log, the reservation rule),
 ``kiln_registry.domain.aliases``, ``kiln_registry.config.settings``, ``kiln_registry.db``
 (legacy, repository), ``kiln_registry.domain`` (errors, text),
 ``kiln_registry.identity.hashing`` (the bounded read) and
@@ -49,9 +55,11 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config.settings import KilnConfig
+from kiln_registry.auth.repository import AuditBounds, AuditRepository
+from kiln_registry.auth.reserved import refuse_reserved
+from kiln_registry.config.settings import KilnConfig, ServerConfig
 from kiln_registry.db.legacy import MAX_LEGACY_ROWS, LegacyEntry, insert_legacy_entries
-from kiln_registry.db.repository import LegacyImportRepository, unit_of_work
+from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository, unit_of_work
 from kiln_registry.domain.aliases import alias_problem
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.text import shown
@@ -69,6 +77,7 @@ log = logging.getLogger("kiln_registry.legacy.registry")
 MAX_REGISTRY_BYTES: Final = 64 * 1024 * 1024
 MAX_ENTRIES: Final = MAX_LEGACY_ROWS
 _TMP_SUFFIX: Final = ".kiln-import.tmp"
+IMPORT_ACTION: Final = "teacher.import"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +90,7 @@ class ImportResult:
     stripped_entries: int
     rewritten: bool
     deleted_since_import: tuple[str, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()  # (alias, why): reserved, look-alike, invisible
 
 
 def _refuse(path: Path, message: str, rule: str) -> InputError:
@@ -228,21 +238,51 @@ def _replace(path: Path, tmp: Path, original: os.stat_result) -> None:
         os.close(dir_fd)
 
 
+def _refusal(session: Session, server: ServerConfig) -> Callable[[str], str | None]:
+    """The registration rules an imported alias obeys: not reserved, no look-alike of a
+    registered or reserved alias, no invisible character, within ``max_teachers``."""
+
+    def refusal(alias: str) -> str | None:
+        try:
+            refuse_reserved(session, alias)
+            TeacherRepository(session).check_new_alias(alias, server.max_teachers)
+        except KilnError as exc:
+            return f"{exc.rule or exc.code}: {exc.message}"
+        return None
+
+    return refusal
+
+
+def _audit(session: Session, server: ServerConfig, imported: list[str]) -> None:
+    """One audit row per alias the import added (``teacher.import``, no token)."""
+    bounds = AuditBounds(max_events=server.audit_max_events, retain_days=server.audit_retain_days)
+    audit = AuditRepository(session, bounds)
+    for alias in imported:
+        audit.record(token_name=None, action=IMPORT_ACTION, target=alias, outcome="ok")
+
+
 def import_legacy_registry(
     path: Path,
     sessions: sessionmaker[Session],
     on_progress: Callable[[int, int], None] | None = None,
+    server: ServerConfig | None = None,
 ) -> ImportResult:
-    """Import ``path`` into the registry database; ``on_progress(entries done, total)``."""
+    """Import ``path`` into the registry database; ``on_progress(entries done, total)``.
+
+    Each new alias obeys the registration rules of ``server`` (default settings
+    when not given) and is written to the audit log in the same transaction.
+    """
+    server = server or ServerConfig()
     data, original = _read_registry(path)
     doc = _parse(path, data)
     entries, carrying = _entries(path, doc)
     tmp = _write_temp(path, _stripped_bytes(doc), original) if carrying else None
     try:
         with unit_of_work(sessions) as session:
-            imported, present, deleted = insert_legacy_entries(
-                session, entries, str(path), on_progress
+            imported, present, deleted, refused = insert_legacy_entries(
+                session, entries, str(path), on_progress, _refusal(session, server)
             )
+            _audit(session, server, imported)
         if tmp is not None:
             _replace(path, tmp, original)
             tmp = None
@@ -250,9 +290,12 @@ def import_legacy_registry(
         if tmp is not None:
             tmp.unlink(missing_ok=True)
     result = ImportResult(
-        path, tuple(imported), tuple(present), carrying, carrying > 0, tuple(deleted)
-    )
+        path, tuple(imported), tuple(present), carrying, carrying > 0, tuple(deleted),
+        tuple(refused),
+    )  # fmt: skip
     log.info("%s", _summary(result))
+    for alias, why in refused:
+        log.warning("legacy registry %s: alias %r not imported (%s)", path, alias, why)
     return result
 
 
@@ -262,7 +305,8 @@ def _summary(result: ImportResult) -> str:
         f"legacy registry {result.path}: imported {len(result.imported)} teacher(s),"
         f" {len(result.already_present)} already present,"
         f" {len(result.deleted_since_import)} deleted since an earlier import (not imported"
-        f" again); api_key_env removed from {carrying} entr{'y' if carrying == 1 else 'ies'}"
+        f" again), {len(result.refused)} refused by the registration rules;"
+        f" api_key_env removed from {carrying} entr{'y' if carrying == 1 else 'ies'}"
         + (" and the file rewritten" if carrying else "")
     )
 
@@ -293,7 +337,7 @@ def import_configured_legacy_registry(
             LegacyImportRepository(session).clear_status()
         return None
     try:
-        result = import_legacy_registry(path, sessions)
+        result = import_legacy_registry(path, sessions, server=config.server)
     except KilnError as exc:
         log.error("legacy registry not imported (%s): %s", exc.rule, exc.message)
         _record(sessions, path, exc)

@@ -47,12 +47,11 @@ def _dump(path: Path, extra: str = "") -> list[tuple[object, ...]]:
 
 
 def test_an_empty_database_upgrades_to_0010(engine: Engine, tmp_path: Path) -> None:
-    assert head_revision() == REVISION
     _alembic(engine, "upgrade", REVISION)
     assert "output" in _columns(tmp_path / "registry.db")
 
 
-def test_a_populated_database_at_0008_keeps_its_jobs(engine: Engine, tmp_path: Path) -> None:
+def test_a_populated_database_at_0009_keeps_its_jobs(engine: Engine, tmp_path: Path) -> None:
     _alembic(engine, "upgrade", "0009_bigint_counters")
     with engine.begin() as conn:
         for job_id in ("job-a", "job-b"):

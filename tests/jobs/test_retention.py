@@ -100,13 +100,16 @@ def test_only_expired_finished_jobs_are_swept(
     assert sweep_expired(config, sessions) == 0
 
 
-def test_without_retain_days_nothing_is_swept(
+def test_retain_days_defaults_to_30_days(
     tmp_path: Path, tiny_model: TinyModel, sessions: sessionmaker[Session]
 ) -> None:
+    """Issue 27 item 8: growth is bounded without any setting."""
     config = make_config(tmp_path, tiny_model.path)
-    _insert(sessions, [_job("job-ancient", "succeeded", 10_000, None)])
-    assert sweep_expired(config, sessions) == 0
-    assert _ids(sessions) == {"job-ancient"}
+    assert config.jobs.retain_days == 30
+    _insert(sessions, [_job("job-ancient", "succeeded", 31, None),
+                       _job("job-recent", "succeeded", 29, None)])  # fmt: skip
+    assert sweep_expired(config, sessions) == 1
+    assert _ids(sessions) == {"job-recent"}
 
 
 def test_a_sweep_goes_through_more_than_one_batch(

@@ -147,7 +147,7 @@ KILN_ACCEPTS = [
     "probe",  # one segment: GET /v1/teachers/probe and POST .../probe/probe are unambiguous
     "..",
     ".",
-    " spaced name ",
+    "spaced name",  # Kiln also takes " spaced name "; white space at either end is refused
     "été/modèle 1",
     "a?b#c&d=e",
     "org/",

@@ -5,7 +5,11 @@ thread, return a public schema; errors are ``KilnError`` (job_invalid,
 job_not_found, job_conflict, teacher_not_registered,
 teacher_identity_required).  The running workers, when the app's lifespan
 started them, are ``app.state.job_workers``: submission wakes them and
-cancellation signals a running job at its next request boundary.
+cancellation signals a running job at its next request boundary.  A job
+belongs to the token that submitted it: a token without `admin` lists, reads,
+cancels, deletes and downloads only its own jobs (another's is `404
+job_not_found`, like a missing one); `admin`, and every caller with auth off,
+sees all.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from kiln_registry.api.paging import MAX_CURSOR_CHARS, decode_key, encode_key
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
 from kiln_registry.api.strict_body import StrictJsonRoute
+from kiln_registry.auth.middleware import STATE_KEY
+from kiln_registry.auth.tokens import TokenIdentity
 from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.jobs import retention, service
 from kiln_registry.jobs.generation_output import detached_signature
@@ -52,6 +58,20 @@ def _workers(request: Request) -> Any:
     return getattr(request.app.state, "job_workers", None)
 
 
+def _owner(request: Request) -> str | None:
+    """The submitting token's name (``None`` with auth off): a new job's owner."""
+    identity = request.scope.get("state", {}).get(STATE_KEY)
+    return identity.name if isinstance(identity, TokenIdentity) else None
+
+
+def _viewer(request: Request) -> str | None:
+    """Whose jobs the caller may see: ``None`` (all) for ``admin`` or auth off, else its own."""
+    identity = request.scope.get("state", {}).get(STATE_KEY)
+    if not isinstance(identity, TokenIdentity) or "admin" in identity.scopes:
+        return None
+    return identity.name
+
+
 @router.post(
     "",
     operation_id="submitJob",
@@ -63,8 +83,9 @@ async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPubli
     """Pin the teacher's complete spec, validate every sequence or prompt, and queue the job."""
     if isinstance(body, GenerationJobCreate):
         row = await run_in_threadpool(
-            submit_generation, ctx.config, ctx.sessions, generation_submission(body)
-        )
+            submit_generation, ctx.config, ctx.sessions, generation_submission(body),
+            _owner(request),
+        )  # fmt: skip
     else:
         submission = service.JobSubmission(
             teacher=body.teacher,
@@ -73,7 +94,9 @@ async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPubli
             corpus_path=body.corpus.path if body.corpus is not None else None,
             output=body.output,
         )
-        row = await run_in_threadpool(service.submit_job, ctx.config, ctx.sessions, submission)
+        row = await run_in_threadpool(
+            service.submit_job, ctx.config, ctx.sessions, submission, _owner(request)
+        )
     workers = _workers(request)
     if workers is not None:
         workers.wake()
@@ -85,18 +108,21 @@ async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPubli
 )
 async def list_jobs(
     ctx: Ctx,
+    request: Request,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> JobsListResponse:
-    """Jobs, newest first, one page at a time (`next_cursor`)."""
+    """Jobs, newest first, one page at a time (`next_cursor`): a token's own jobs, or
+    every job for `admin`."""
     before = None
     if cursor is not None:
         created, after_id = decode_key(cursor, "jobs", (str, str))
         before = (str(created), str(after_id))
     rows = await run_in_threadpool(
-        service.list_jobs, ctx.sessions, limit=limit + 1, status=status, before=before
-    )
+        service.list_jobs, ctx.sessions, limit=limit + 1, status=status, before=before,
+        viewer=_viewer(request),
+    )  # fmt: skip
     more = None
     if len(rows) > limit:
         more = encode_key("jobs", rows[limit - 1].created_at, rows[limit - 1].id)
@@ -106,8 +132,10 @@ async def list_jobs(
 @router.get(
     "/{job_id}", operation_id="getJob", response_model=JobPublic, responses=errors.JOB_BY_ID
 )
-async def get_job(job_id: JobId, ctx: Ctx) -> JobPublic:
-    return job_public(await run_in_threadpool(service.get_job, ctx.sessions, job_id))
+async def get_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
+    """One job: the caller's own (another token's is `404 job_not_found`), any for `admin`."""
+    row = await run_in_threadpool(service.get_job, ctx.sessions, job_id, _viewer(request))
+    return job_public(row)
 
 
 @router.post(
@@ -118,7 +146,7 @@ async def get_job(job_id: JobId, ctx: Ctx) -> JobPublic:
 )
 async def cancel_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
     """Cancel a queued job now, or a running one between two requests."""
-    row = await run_in_threadpool(service.cancel_job, ctx.sessions, job_id)
+    row = await run_in_threadpool(service.cancel_job, ctx.sessions, job_id, _viewer(request))
     workers = _workers(request)
     if workers is not None:
         workers.cancel(job_id)
@@ -131,13 +159,13 @@ async def cancel_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
     response_model=DeleteJobResponse,
     responses=errors.DELETE_JOB,
 )
-async def delete_job(job_id: JobId, ctx: Ctx) -> DeleteJobResponse:
+async def delete_job(job_id: JobId, ctx: Ctx, request: Request) -> DeleteJobResponse:
     """Remove a finished job: its rows, sequences and result file, atomically.
 
     A job still queued, probing or running is `409 job_conflict` (rule
     `job.delete_active`): cancel it first, then delete it once it shows `cancelled`.
     """
-    await run_in_threadpool(retention.delete_job, ctx.sessions, job_id)
+    await run_in_threadpool(retention.delete_job, ctx.sessions, job_id, _viewer(request))
     return DeleteJobResponse(id=job_id)
 
 
@@ -164,9 +192,10 @@ async def _chunks(path: FilePath, size: int) -> AsyncIterator[bytes]:
         **errors.JOB_RESULT,
     },
 )
-async def get_job_result(job_id: JobId, ctx: Ctx) -> StreamingResponse:
+async def get_job_result(job_id: JobId, ctx: Ctx, request: Request) -> StreamingResponse:
     """Stream the corpus: the exact off_policy_manifest line, then one line per sequence."""
-    row, path = await run_in_threadpool(service.result_file, ctx.sessions, job_id)
+    viewer = _viewer(request)
+    row, path = await run_in_threadpool(service.result_file, ctx.sessions, job_id, viewer)
     size = row.result_bytes or 0
     headers = {
         "content-length": str(size),

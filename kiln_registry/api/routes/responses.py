@@ -29,6 +29,7 @@ DESCRIPTIONS: dict[int, str] = {
     408: "Request timed out (`request_timeout_secs`)",
     409: "Conflict",
     413: "Request body too large",
+    429: "Queue quota reached; retry after the Retry-After seconds",
     500: "Internal error",
     502: "Teacher probe failed",
     503: "Busy; retry after the Retry-After seconds",
@@ -106,6 +107,7 @@ SUBMIT_JOB = error_responses(
         400: ("job_invalid", "teacher_not_registered"),
         409: ("teacher_identity_required",),
         413: ("request_too_large",),
+        429: ("job_queue_full",),
         503: ("server_busy",),
     }
 )
