@@ -111,7 +111,9 @@ class _EdgeGuard:
 
     def _health_request(self) -> bool:
         scope = self.__dict__.get("scope")
-        return isinstance(scope, dict) and scope.get("path") in HEALTH_PATHS
+        if not isinstance(scope, dict):
+            return False
+        return scope.get("path") in HEALTH_PATHS and scope.get("method") in ("GET", "HEAD")
 
     @property
     def limit_concurrency(self) -> int | None:
@@ -206,8 +208,11 @@ class _EdgeGuard:
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        if self._overflow or self._body_unread():
-            self._close_unread()  # one answer per connection past the cap
+        if self._body_unread():
+            self._close_unread()
+        elif self._overflow:  # one answer per connection past the cap
+            self._discarding = True
+            self.transport.close()
         else:
             self._arm_header_deadline()
 
