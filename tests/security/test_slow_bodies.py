@@ -3,9 +3,10 @@
 Against a real ``kiln serve`` (``auth = "required"``, a short body grace and
 a minimum rate): token A opens a ``/v1/jobs`` request declaring a maximal
 body and trickles it.  A's second maximal body is refused at once (A holds
-its share); token B's requests are served meanwhile (never 503); A's slow
-body is answered ``408 request_timeout`` once it falls below the minimum
-rate and its connection is closed, which frees A's share.
+its share); with token C holding the rest of the large bodies' share, token
+B's small requests are still served (never 503); A's slow body is answered
+``408 request_timeout`` once it falls below the minimum rate and its
+connection is closed, which frees A's share.
 """
 
 from __future__ import annotations
@@ -31,15 +32,16 @@ SOCKET_TIMEOUT_S = 60
 
 
 @pytest.fixture
-def served(tmp_path: Path, tiny_model: TinyModel) -> Iterator[tuple[ServerProcess, str, str]]:
+def served(tmp_path: Path, tiny_model: TinyModel) -> Iterator[tuple[ServerProcess, str, str, str]]:
     server_keys = {"auth": "required", "body_grace_s": GRACE_S, "body_min_bytes_per_s": MIN_RATE}
     config = write_config(tmp_path, student=tiny_model.path, server=server_keys)
     database = tmp_path / "registry.db"
     token_a = create_token(database, "caller-a", {"jobs", "register"})
     token_b = create_token(database, "caller-b", {"jobs", "register"})
+    token_c = create_token(database, "caller-c", {"jobs"})
     with ServerProcess(config, tmp_path / "serve.log") as server:
         server.wait_ready()
-        yield server, token_a, token_b
+        yield server, token_a, token_b, token_c
 
 
 def _slow_job(port: int, token: str) -> socket.socket:
@@ -84,10 +86,12 @@ def _status(answer: bytes) -> int:
 
 
 def test_a_trickled_body_is_cut_and_never_blocks_another_caller(
-    served: tuple[ServerProcess, str, str],
+    served: tuple[ServerProcess, str, str, str],
 ) -> None:
-    server, token_a, token_b = served
+    server, token_a, token_b, token_c = served
     slow = _slow_job(server.port, token_a)
+    # C holds the rest of the large bodies' budget: small bodies still find room.
+    slow_c = _slow_job(server.port, token_c)
     try:
         time.sleep(0.2)  # let the server take A's reservation (no assertion on time)
         with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as client:
@@ -105,9 +109,11 @@ def test_a_trickled_body_is_cut_and_never_blocks_another_caller(
             answer = _trickle_until_answered(slow)
             assert _status(answer) == 408 and b"request_timeout" in answer, answer[:300]
             assert b"connection: close" in answer.lower()
+            assert _status(_trickle_until_answered(slow_c)) == 408
             # A's share is free again: A is served.
             again = client.post("/v1/jobs", json={"kind": "nothing"}, headers=bearer(token_a))
             assert again.status_code == 400, again.text
     finally:
         slow.close()
+        slow_c.close()
     assert httpx.get(server.url + "/health", trust_env=False).status_code == 200
