@@ -18,8 +18,9 @@
   connection in step: the rest of its body is drained and discarded when at
   most ``MAX_DRAIN_BYTES`` remain (within the header deadline), else the
   connection is closed after the answer (a lingering close: our side is
-  shut, what the client still sends is discarded for ``LINGER_S``).  The
-  head-size counter counts only head bytes, never a body's.
+  shut, what the client still sends is discarded for ``LINGER_S``); so is
+  one whose client waits for ``100 Continue`` (it may never send the body).
+  The head-size counter counts only head bytes, never a body's.
 * ``uvicorn_limits()`` is the keyword set ``run_server`` passes to
   ``uvicorn.run``: that protocol, the keep-alive timeout, the largest
   incomplete h11 event (request line + headers), and ``limit_concurrency``
@@ -300,7 +301,8 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
             if self._head_size > MAX_HEADER_BYTES:  # a whole head that arrived in one read
                 self._refuse_head()
                 return
-            self._body_left = _declared_body(self.headers)
+            # A client told to wait for ``100 Continue`` may never send the body: unknown.
+            self._body_left = None if self.expect_100_continue else _declared_body(self.headers)
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:

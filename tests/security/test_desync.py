@@ -124,3 +124,18 @@ def test_kiln_serve_401_on_a_70000_byte_body(tmp_path: Path, tiny_model: TinyMod
         assert STATUS.findall(large) == [], large[:200]  # closed after the 401
         small = _refused_then_pipelined(server.port, "/v1/teachers", 20_000)
         assert STATUS.findall(small) == [b"200"], small[:200]  # drained, then /health
+
+
+def test_a_refused_expect_continue_request_closes(port: int) -> None:
+    """A client waiting for ``100 Continue`` may skip the body: its next bytes are not a body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        head = (
+            b"POST /refuse HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+        )
+        sock.sendall(head)
+        assert _response(sock).startswith(b"HTTP/1.1 401")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"GET /ok HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        after = _rest(sock)
+    assert after == b"", after[:200]  # not a 400 for a request cut by ten "body" bytes
