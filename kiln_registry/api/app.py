@@ -31,6 +31,7 @@ from kiln_registry.api.openapi import install_openapi
 from kiln_registry.api.routes import admin, jobs, keys, system, teachers
 from kiln_registry.api.teacher_views import cached_teacher_json
 from kiln_registry.api.ui import routes as ui_pages
+from kiln_registry.config.edge import ServerEdgeKeys
 from kiln_registry.jobs.environment import outbound_client
 from kiln_registry.observability.access import AccessLayer
 from kiln_registry.probe.transport import teacher_tls_context
@@ -78,7 +79,11 @@ def create_app(
         app.add_middleware(RequestDeadline, seconds=ctx.config.server.request_timeout_secs)
         # Every middleware added later (outer) still sees cached lookups.
         app.add_middleware(CachedEntryLookup, lookup=partial(cached_teacher_json, ctx))
-    app.add_middleware(RequestBodyLimit)
+    # Bodies are read at the configured minimum rate (issue 27).
+    edge = ctx.config.server if ctx is not None else ServerEdgeKeys()
+    app.add_middleware(
+        RequestBodyLimit, grace_s=edge.body_grace_s, min_rate=edge.body_min_bytes_per_s
+    )
     if ctx is not None:
         # Outside the cached lookup: every request, cached or not, is checked (issue 15).
         install_auth(app, ctx)

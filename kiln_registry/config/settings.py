@@ -46,6 +46,7 @@ from pydantic import (
 )
 
 from kiln_registry.config.access import check_tls_keys
+from kiln_registry.config.edge import ServerEdgeKeys
 from kiln_registry.config.errors import validation_error
 from kiln_registry.config.guard import JobsGuardKeys, ServerGuardKeys
 from kiln_registry.config.kiln import KilnSections, KilnServerKeys, kiln_defaults
@@ -169,7 +170,7 @@ EntryId = Annotated[str, AfterValidator(_check_id)]
 Port = Annotated[StrictInt, Field(ge=1, le=65535)]
 
 
-class ServerConfig(KilnServerKeys, ServerGuardKeys):
+class ServerConfig(KilnServerKeys, ServerGuardKeys, ServerEdgeKeys):
     """``[server]``: where the registry listens and keeps its state, and Kiln's server keys."""
 
     model_config = _FROZEN

@@ -179,7 +179,7 @@ def run_server(
                 server_header=False,
                 access_log=False,  # observability.access writes the access log (with fields)
                 timeout_graceful_shutdown=10,
-                **uvicorn_limits(),  # header deadline, keep-alive, header size, concurrency
+                **uvicorn_limits(server),  # header deadline, per-client cap, keep-alive, sizes
                 **tls_options,
             )
         except ExitSignal:
