@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from kiln_registry.db.engine import head_revision, open_engine
+from kiln_registry.db.engine import open_engine
 from tests.db.test_migration_0005 import JOB_COLUMNS, _alembic, _job
 
 REVISION = "0010_job_output"
