@@ -195,9 +195,9 @@ class PostgresServer:
         if done.returncode != 0:
             raise PostgresUnavailable(f"initdb failed ({done.returncode}): {done.stderr[-2000:]}")
 
-    def _launch(self) -> None:
+    def _launch(self, port: int | None = None) -> None:
         for _ in range(PORT_ATTEMPTS):
-            self.port = free_port()
+            self.port = port or free_port()
             argv = [str(self.bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
                     "-k", str(self.root), "-c", f"listen_addresses={self.host}",
                     *SERVER_OPTIONS]  # fmt: skip
@@ -310,6 +310,14 @@ class PostgresServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(STOP_DEADLINE_S)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """``pg_ctl restart``'s effect: fast shutdown (sessions ended, transactions rolled
+        back), ``down_s`` seconds with nothing listening, then the same cluster on the
+        same port."""
+        self._reap()
+        time.sleep(down_s)
+        self._launch(port=self.port)
 
     def stop(self) -> None:
         """Fast shutdown, wait for it, remove the cluster's directory."""
