@@ -130,8 +130,9 @@ def _read_line(stream: IO[bytes], timeout: float) -> bytes:
 
 
 def start_launch(
-    workdir: Path, model: Path, *, served: str = SERVED, adapter: Path | None = None
-) -> Launched:
+    workdir: Path, model: Path, *, served: str = SERVED, adapter: Path | None = None,
+    max_model_len: int = MAX_MODEL_LEN, max_top_k: int = MAX_TOP_K,
+) -> Launched:  # fmt: skip
     """Start ``kiln-teacher`` on the tiny model (eager, float32); returns at once."""
     snapshots, caches = private_dir(workdir / "snapshots"), private_dir(workdir / "caches")
     port, log = free_port(), workdir / "kiln-teacher.log"
@@ -141,8 +142,8 @@ def start_launch(
         f"--snapshot-root={snapshots}",
         f"--cache-root={caches}",
         f"--served-model-id={served}",
-        f"--max-top-k={MAX_TOP_K}",
-        f"--max-model-len={MAX_MODEL_LEN}",
+        f"--max-top-k={max_top_k}",
+        f"--max-model-len={max_model_len}",
     ]
     if adapter is not None:
         argv.append(f"--adapter-path={adapter}")
@@ -156,10 +157,12 @@ def start_launch(
 
 
 def launch(
-    workdir: Path, model: Path, *, served: str = SERVED, adapter: Path | None = None
-) -> Launched:
+    workdir: Path, model: Path, *, served: str = SERVED, adapter: Path | None = None,
+    max_model_len: int = MAX_MODEL_LEN, max_top_k: int = MAX_TOP_K,
+) -> Launched:  # fmt: skip
     """``start_launch``, then the announcement line, then /health 200."""
-    launched = start_launch(workdir, model, served=served, adapter=adapter)
+    launched = start_launch(workdir, model, served=served, adapter=adapter,
+                            max_model_len=max_model_len, max_top_k=max_top_k)  # fmt: skip
     proc, log = launched.proc, launched.log
     try:
         assert proc.stdout is not None
