@@ -38,7 +38,10 @@ oldest event may be dropped) and nothing changes.
 A token holder's state changes are admitted by ``auth.gate.CallerGate``:
 a few at a time per token, more waiting their turn, past that ``429
 caller_busy`` with ``Retry-After`` before anything is read or written, so
-one token's flood leaves the server to other callers and to lookups.
+one token's flood leaves the server to other callers and to lookups.  An
+``admin`` token (the operator, trusted with every scope) keeps the per-token
+concurrency bound but not the start rate: an operator's script of many quick
+changes, or one refused at once (a 405), is never slowed to the flood rate.
 Last-used times are written in batches (``TokenTable.due_last_used``).
 Imports the standard library, anyio and the ``auth`` package.
 """
@@ -62,6 +65,8 @@ from kiln_registry.domain.asgi import ASGIApp, Message, Receive, Scope, Send
 
 STATE_KEY: Final = "kiln_token"
 READ_ONLY: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+ADMIN_RATE_PER_S: Final = 1000.0  # admin tokens: the concurrency bound only, in effect
+ADMIN_BURST: Final = 1000
 MAX_CAPTURE: Final = 64 * 1024
 QUERY_TOKEN_MARKS: Final = (b"kiln_", b"kiln%5f", b"kiln%5F", b"access_token=", b"token=")
 HOW_TO: Final = (
@@ -142,6 +147,7 @@ class AuthMiddleware:
         self._table = table
         self._store = store
         self._gate = gate or CallerGate()
+        self._admin_gate = CallerGate(rate_per_s=ADMIN_RATE_PER_S, burst=ADMIN_BURST)
         self._metrics_public = metrics_public
         # A refused body's alias is the caller's text: scrub every configured secret from it.
         self._secret_names = secret_names
@@ -205,8 +211,9 @@ class AuthMiddleware:
         if identity is None or scope["method"] in READ_ONLY:
             await self._changing(scope, receive, send, identity)
             return
+        gate = self._admin_gate if "admin" in identity.scopes else self._gate
         try:
-            async with self._gate.turn("token:" + identity.name):
+            async with gate.turn("token:" + identity.name):
                 await self._changing(scope, receive, send, identity)
         except CallerBusy as exc:
             await _reply(send, *_busy(str(exc)), retry_after=1)
