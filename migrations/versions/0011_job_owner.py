@@ -34,5 +34,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_jobs_owner_status", table_name="jobs")
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("owner")
+    # Plain DROP COLUMN (SQLite >= 3.35 and PostgreSQL): a batch rebuild of ``jobs`` would
+    # drop the table under enforced foreign keys and cascade into ``job_sequences``.
+    op.execute("ALTER TABLE jobs DROP COLUMN owner")

@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import base64
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
 from kiln_registry.api.paging import encode_cursor, encode_key
+from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.repository import JobRepository
@@ -103,8 +105,10 @@ def _job(job_id: str, created_at: str) -> JobRow:
 
 def test_jobs_are_listed_in_pages(registry: RegistryServer) -> None:
     # Two jobs share a creation time: the cursor orders by (created_at, id).
-    stamps = ["2026-01-01T00:00:00.000001Z"] * 2 + [
-        f"2026-01-0{d}T00:00:00.000000Z" for d in (2, 3, 4, 5, 6)
+    # Recent: the default `[jobs] retain_days` (30) sweeps finished jobs older than that.
+    now = datetime.now(UTC)
+    stamps = [
+        (now - timedelta(minutes=m)).strftime(TIMESTAMP_FORMAT) for m in (9, 9, 8, 7, 6, 5, 4)
     ]
     ids = [f"job-{n:024x}" for n in range(len(stamps))]
     with unit_of_work(registry.ctx.sessions) as session:
