@@ -82,7 +82,8 @@ def test_dashboard_shows_teachers_receipts_and_a_job_progressing(
 ) -> None:
     tab, log = page
     tab.goto(live.url + "/ui")
-    enter_token(tab, live.reader)
+    # The submitting token: jobs belong to it, and a token sees its own jobs (admin: all).
+    enter_token(tab, live.token)
     row = tab.locator("#teachers tbody tr", has=tab.locator(f"button:text-is('{ALIAS}')"))
     expect(row.locator("td").nth(6)).to_have_text("passed", timeout=30_000)
     with live.api() as http:
