@@ -119,15 +119,22 @@ def _declared_length(scope: Scope) -> int | None:
     return None
 
 
-def body_caller(scope: Scope) -> str:
-    """Whose budget a body takes: the token's name (set by the auth layer), else the address."""
+def request_caller(scope: Scope) -> tuple[str, frozenset[str]] | None:
+    """Who is calling: ``token:<name>`` with its scopes (set by the auth layer), else
+    ``addr:<ip>`` with none; None when the connection has no address."""
     state = scope.get("state")
     token = state.get("kiln_token") if isinstance(state, dict) else None
     name = getattr(token, "name", None)
     if isinstance(name, str):
-        return "token:" + name
+        return "token:" + name, getattr(token, "scopes", frozenset())
     client = scope.get("client")
-    return "addr:" + str(client[0]) if client else "addr:"
+    return ("addr:" + str(client[0]), frozenset()) if client else None
+
+
+def body_caller(scope: Scope) -> str:
+    """Whose budget a body takes: the token's name, else the address."""
+    caller = request_caller(scope)
+    return caller[0] if caller is not None else "addr:"
 
 
 def _refusal_headers(body: bytes, *, retry: bool) -> list[tuple[bytes, bytes]]:

@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 
 from kiln_registry.api.errors import invalid_code
 from kiln_registry.api.jobs_schemas import MAX_INLINE_SEQUENCES, MAX_INLINE_TOKENS
-from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES
+from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES, request_caller
 from kiln_registry.domain.errors import IdentityError, KilnError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.probe.client import PROBE_CALLER, ProbeCaller
@@ -72,14 +72,11 @@ def caller_key(scope: Any) -> ProbeCaller | None:
     Without a token every client at one address is one caller (on loopback with auth
     off, all local clients share one turn): give each client a token to separate them.
     """
-    state = scope.get("state")
-    token = state.get("kiln_token") if isinstance(state, dict) else None
-    name = getattr(token, "name", None)
-    if isinstance(name, str):
-        scopes: frozenset[str] = getattr(token, "scopes", frozenset())
-        return ProbeCaller("token:" + name, admin="admin" in scopes)
-    client = scope.get("client")
-    return ProbeCaller("addr:" + str(client[0])) if client else None
+    caller = request_caller(scope)
+    if caller is None:
+        return None
+    key, scopes = caller
+    return ProbeCaller(key, admin="admin" in scopes)
 
 
 class StrictJsonRoute(APIRoute):

@@ -7,21 +7,21 @@ its own refusals, so a log line or a test can tell them apart.  A refused
 request is ``EndpointRefusal``; ``body()`` renders it.  Messages never quote
 request or teacher bytes beyond a bounded, printable model name.
 
-Imports the standard library only.
+Imports the standard library and ``gateway.refusals`` (vLLM's error body).
 """
 
 from __future__ import annotations
 
-import json
 from http import HTTPStatus
 from typing import Final
+
+from kiln_registry.gateway.refusals import vllm_error_body
 
 BAD_REQUEST: Final = "BadRequestError"
 NOT_FOUND: Final = "NotFoundError"
 IDENTITY_CHANGED: Final = "teacher_identity_changed"
 ANSWER_REFUSED: Final = "teacher_answer_refused"
 UNAVAILABLE: Final = "teacher_endpoint_unavailable"
-UNAUTHORIZED_BODY: Final = b'{"error":"Unauthorized"}'
 
 
 class EndpointRefusal(Exception):
@@ -46,17 +46,8 @@ class EndpointRefusal(Exception):
         self.retry_after = retry_after
 
     def body(self) -> bytes:
-        if self.status == 401:
-            return UNAUTHORIZED_BODY
-        error: dict[str, object] = {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.status,
-        }
-        if self.rule is not None:
-            error["rule"] = self.rule
-        return json.dumps({"error": error}, separators=(",", ":")).encode()
+        extra = {} if self.rule is None else {"rule": self.rule}
+        return vllm_error_body(self.status, self.message, self.kind, self.param, **extra)
 
     def headers(self) -> dict[str, str]:
         return {} if self.retry_after is None else {"retry-after": str(self.retry_after)}

@@ -20,6 +20,17 @@ NOT_FOUND = "NotFoundError"
 UNAUTHORIZED_BODY = b'{"error":"Unauthorized"}'
 
 
+def vllm_error_body(
+    status: int, message: str, kind: str, param: str | None, **extra: object
+) -> bytes:
+    """vLLM's error body (``{"error": "Unauthorized"}`` for a 401), ``extra`` members appended."""
+    if status == 401:
+        return UNAUTHORIZED_BODY
+    error: dict[str, object] = {"message": message, "type": kind, "param": param, "code": status}
+    error.update(extra)
+    return json.dumps({"error": error}, separators=(",", ":")).encode()
+
+
 class Refusal(Exception):
     """A request the gateway answers itself; ``close`` ends the connection after it."""
 
@@ -40,15 +51,7 @@ class Refusal(Exception):
         self.close = close
 
     def body(self) -> bytes:
-        if self.status == 401:
-            return UNAUTHORIZED_BODY
-        error: dict[str, object] = {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.status,
-        }
-        return json.dumps({"error": error}, separators=(",", ":")).encode()
+        return vllm_error_body(self.status, self.message, self.kind, self.param)
 
 
 def bad_param(message: str, param: str, *, status: int = 400) -> Refusal:
