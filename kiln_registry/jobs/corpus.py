@@ -48,7 +48,7 @@ import orjson
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.signing import TRAILER_SCHEMA, CorpusSigner
+from kiln_registry.jobs.signing import TRAILER_SCHEMA, CorpusSigner, fsync_dir
 from kiln_registry.jobs.sources import token_ids_sha256
 
 ROW_FORMAT: Final = "kiln.teacher-scores.v1"
@@ -115,14 +115,6 @@ LOCAL_TAG: Final = "local"  # a writer outside any job claim (tools, tests)
 def partial_path(final: Path, tag: str, suffix: str = "") -> Path:
     """Where the writer holding claim ``tag`` builds ``final`` (+ ``suffix``): hidden, beside it."""
     return final.with_name(f".{final.name}{suffix}.{tag}.partial")
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CorpusWriter:

@@ -54,11 +54,11 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
 from kiln_registry.jobs.cache import LOOKUP_CHUNK
-from kiln_registry.jobs.corpus import LOCAL_TAG, fsync_dir, partial_path, trailer_line
+from kiln_registry.jobs.corpus import LOCAL_TAG, partial_path, trailer_line
 from kiln_registry.jobs.generation_sources import GenerationSettings
 from kiln_registry.jobs.generation_wire import Generated, KilnTokens
 from kiln_registry.jobs.models import GenerationCacheRow
-from kiln_registry.jobs.signing import CorpusSigner
+from kiln_registry.jobs.signing import CorpusSigner, fsync_dir
 
 META_FORMAT: Final = "kiln-registry.generation.v2"
 META_FORMAT_V1: Final = "kiln-registry.generation.v1"  # teacher_tokens = sampled ids

@@ -43,6 +43,7 @@ from kiln_registry.jobs.logit_cache import (
     merge,
     parse_entry,
 )
+from kiln_registry.jobs.signing import fsync_dir
 
 MAX_SCAN_FILES: Final = 1_000_000
 MAX_SCAN_DIRECTORIES: Final = 1_000_000
@@ -55,14 +56,6 @@ def _error(message: str, rule: str) -> InputError:
     return InputError(message, rule=f"logit_cache.{rule}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_dirs(root: Path, relative: list[str]) -> Path:
     """``root/relative...`` as real directories (created ones fsynced into their parent)."""
     current = root
@@ -70,7 +63,7 @@ def _make_dirs(root: Path, relative: list[str]) -> Path:
         child = current / part
         try:
             child.mkdir(mode=0o755)
-            _fsync_dir(current)
+            fsync_dir(current)
         except FileExistsError:
             pass
         if not stat.S_ISDIR(os.lstat(child).st_mode):
@@ -112,7 +105,7 @@ def _write_atomic(directory: Path, name: str, data: bytes) -> None:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def _existing(path: Path, candidate: StoredEntry) -> StoredEntry | None:
@@ -237,5 +230,5 @@ def write_archive(root: Path, output: Path) -> ArchiveSummary:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    _fsync_dir(output.parent.resolve())
+    fsync_dir(output.parent.resolve())
     return ArchiveSummary(entries=count, bytes=output.stat().st_size)

@@ -164,7 +164,8 @@ def load_signer(path: Path) -> CorpusSigner:
     return CorpusSigner(key)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -192,7 +193,7 @@ def _create_key_file(path: Path) -> None:
             os.link(temp, path)
     finally:
         temp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def load_or_create_signer(path: Path) -> CorpusSigner:
