@@ -73,9 +73,9 @@ def prompts(path: Path, count: int, seed: int) -> list[list[dict[str, str]]]:
 async def direct(url: str, batch: list[Any], args: argparse.Namespace, tokenizer: Any) -> float:
     """Seconds for the job's exact requests sent straight to the teacher: each generation,
     then (``k > 0``) the prompt-logprobs request over the conversation as Kiln tokenizes it."""
-    from kiln_registry.jobs.generation_kiln import KilnRenderer
-    from kiln_registry.jobs.generation_sources import GenerationSettings
-    from kiln_registry.jobs.generation_wire import generation_request
+    from kiln_registry.jobs.generation.kiln import KilnRenderer
+    from kiln_registry.jobs.generation.sources import GenerationSettings
+    from kiln_registry.jobs.generation.wire import generation_request
     from kiln_registry.probe.client import completion_request
 
     settings = GenerationSettings(max_tokens=args.max_tokens, top_k=args.k)
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--teacher-threads", type=int, default=1)
     args = parser.parse_args()
-    from kiln_registry.jobs.generation_sources import render, student_tokenizer
+    from kiln_registry.jobs.generation.sources import render, student_tokenizer
 
     with tempfile.TemporaryDirectory() as raw:
         tmp = Path(raw)

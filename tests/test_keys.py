@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 
 from kiln_registry.api.app import create_app
 from kiln_registry.cli.main import run
-from kiln_registry.jobs.signing import KEY_FILE_NAME, key_path, keys_document, load_signer
+from kiln_registry.jobs.core.signing import KEY_FILE_NAME, key_path, keys_document, load_signer
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.harness import make_config, running_registry
 

@@ -4,7 +4,7 @@ Inputs forbid unknown fields and use strict integers (``true`` or ``1.0`` is
 never a token id).  Output models are built from a ``JobRow`` by
 ``job_public`` field by field, so the claim token and the pinned credential
 id never reach a response.  Imports pydantic, ``kiln_registry.domain`` (aliases,
-vocabulary) and ``jobs.models``.
+vocabulary) and ``jobs.core.models``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kiln_registry.api.wire import Sha256Hex, Sha256Ref, WireModel
 from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS
 from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.domain.vocabulary import JobStatus as JobStatus
-from kiln_registry.jobs.models import JobRow
+from kiln_registry.jobs.core.models import JobRow
 
 MAX_INLINE_SEQUENCES = 10_000
 MAX_INLINE_TOKENS = 1_000_000

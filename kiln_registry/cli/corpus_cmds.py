@@ -14,7 +14,7 @@ quickly from the score cache.
 ``corpus export FILE --format kiln-logit-cache-v3 --to DIR|FILE.tar.gz`` verifies
 a teacher-scoring corpus the same way (signature and every line; the key from
 the server or ``--public-key``) and publishes every row as an entry of Kiln's
-logit cache v3 (``jobs.logit_cache_export``): merged into the cache root
+logit cache v3 (``jobs.scoring.logit_cache_export``): merged into the cache root
 ``DIR``, or written as Kiln's deterministic archive.
 
 ``keys show`` prints the registry's public key: read from the key file
@@ -45,8 +45,8 @@ from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.observability.progress import ProgressBar
 
 if TYPE_CHECKING:
-    from kiln_registry.jobs.corpus_signed import CorpusSummary
-    from kiln_registry.jobs.signing import PublicKey
+    from kiln_registry.jobs.core.signing import PublicKey
+    from kiln_registry.jobs.scoring.corpus_signed import CorpusSummary
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
@@ -106,7 +106,7 @@ def _corpus_verify(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from kiln_registry.jobs.signing import read_keys_file
+    from kiln_registry.jobs.core.signing import read_keys_file
 
     if args.public_key is None:
         with registry_client(args) as client:
@@ -124,7 +124,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _export_keys(args: argparse.Namespace) -> dict[str, PublicKey]:
-    from kiln_registry.jobs.signing import read_keys_file
+    from kiln_registry.jobs.core.signing import read_keys_file
 
     if args.public_key is None:
         with registry_client(args) as client:
@@ -138,8 +138,8 @@ def _export_keys(args: argparse.Namespace) -> dict[str, PublicKey]:
 
 
 def _corpus_export(args: argparse.Namespace) -> int:
-    from kiln_registry.jobs.logit_cache import check_timestamp
-    from kiln_registry.jobs.logit_cache_export import export_corpus
+    from kiln_registry.jobs.scoring.logit_cache import check_timestamp
+    from kiln_registry.jobs.scoring.logit_cache_export import export_corpus
 
     if args.produced_at is not None:
         check_timestamp(args.produced_at)
@@ -153,14 +153,14 @@ def _corpus_export(args: argparse.Namespace) -> int:
 
 def _local_keys(config_path: Path) -> list[PublicKey]:
     from kiln_registry.config.settings import load_config
-    from kiln_registry.jobs.signing import key_path, load_signer
+    from kiln_registry.jobs.core.signing import key_path, load_signer
 
     config = load_config(config_path)
     return [load_signer(key_path(config.server.state_path)).public]
 
 
 def _keys_show(args: argparse.Namespace) -> int:
-    from kiln_registry.jobs.signing import keys_document
+    from kiln_registry.jobs.core.signing import keys_document
 
     if args.config is not None:
         if args.server is not None:

@@ -182,7 +182,7 @@ def _open_database(config_path: Path) -> Any:
 def _cache_stats(args: argparse.Namespace) -> int:
     from kiln_registry.db.engine import session_factory
     from kiln_registry.db.repository import unit_of_work
-    from kiln_registry.jobs import cache
+    from kiln_registry.jobs.scoring import cache
 
     engine = _open_database(args.config)
     try:
@@ -204,7 +204,7 @@ def _cache_stats(args: argparse.Namespace) -> int:
 def _cache_prune(args: argparse.Namespace) -> int:
     from kiln_registry.db.engine import session_factory
     from kiln_registry.db.repository import unit_of_work
-    from kiln_registry.jobs import cache
+    from kiln_registry.jobs.scoring import cache
 
     digest = cache.check_identity_digest(args.identity)
     engine = _open_database(args.config)

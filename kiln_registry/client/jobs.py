@@ -42,7 +42,7 @@ from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.vocabulary import JobKind
 
 if TYPE_CHECKING:
-    from kiln_registry.jobs.corpus_signed import CorpusSummary
+    from kiln_registry.jobs.scoring.corpus_signed import CorpusSummary
 
 ProgressCallback = Callable[[JobPublic], object]
 MAX_WAIT_S = 7 * 24 * 3600.0

@@ -197,10 +197,10 @@ def delete_job(job_id: str) -> Call[DeleteJobResponse]:
 
 
 def keys_call(base_url: str) -> Call[dict[str, Any]]:
-    """``GET /v1/keys`` parsed strictly into ``{key_id: PublicKey}`` (``jobs.signing``)."""
+    """``GET /v1/keys`` parsed strictly into ``{key_id: PublicKey}`` (``jobs.core.signing``)."""
 
     def parse(data: Any) -> dict[str, Any]:
-        from kiln_registry.jobs.signing import parse_keys
+        from kiln_registry.jobs.core.signing import parse_keys
 
         return dict(parse_keys(data, f"{base_url}/v1/keys"))
 

@@ -2,7 +2,7 @@
 
 Every layer names these values through this module: the wire schemas
 (``api/schemas.py``, ``api/jobs_schemas.py``), the CHECK constraints of the
-rows (``db/models.py``, ``jobs/models.py``), the services and the job queue.
+rows (``db/models.py``, ``jobs/core/models.py``), the services and the job queue.
 Members are ``StrEnum``s, so a member equals (and is stored as) its string.
 
 Orders are part of the contract: ``TeacherKind`` lists its members in the

@@ -1,4 +1,4 @@
-"""Verifying an identity-bound teacher corpus (layout in ``jobs.corpus``) line by line.
+"""Verifying an identity-bound teacher corpus (layout in ``jobs.scoring.corpus``) line by line.
 
 ``verify_corpus(path, keys)`` first checks the signature trailer: the last
 line must be a byte-exact ``kiln.corpus-trailer.v1`` line (a corpus without
@@ -21,10 +21,10 @@ identity is still registered is the caller's question (``kiln corpus
 verify`` asks the server).
 
 Refusals are ``InputError`` with ``rule="corpus.<name>"`` naming the line.
-The trailer, header and signed-byte reading are ``jobs.corpus_signed``'s; a
-corpus with a detached ``.sig`` goes to ``jobs.generation_verify``.
+The trailer, header and signed-byte reading are ``jobs.scoring.corpus_signed``'s; a
+corpus with a detached ``.sig`` goes to ``jobs.generation.verify``.
 Imports: standard library, numpy, ``kiln_registry.domain.errors``,
-``identity.document`` and ``jobs.corpus``/``corpus_signed``/``generation_verify``/
+``identity.document`` and ``jobs.scoring.corpus``/``corpus_signed``/``generation_verify``/
 ``signing``/``sources``.
 """
 
@@ -38,11 +38,13 @@ import numpy as np
 
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
-from kiln_registry.jobs.corpus import (
+from kiln_registry.jobs.core.signing import PublicKey
+from kiln_registry.jobs.generation.verify import verify_generation_corpus
+from kiln_registry.jobs.scoring.corpus import (
     ROW_FORMAT,
     ROW_KEYS,
 )
-from kiln_registry.jobs.corpus_signed import (
+from kiln_registry.jobs.scoring.corpus_signed import (
     MAX_HEADER_BYTES,
     MAX_LINES,
     MAX_ROW_BYTES,
@@ -55,9 +57,7 @@ from kiln_registry.jobs.corpus_signed import (
     parse_header,
     read_trailer,
 )
-from kiln_registry.jobs.generation_verify import verify_generation_corpus
-from kiln_registry.jobs.signing import PublicKey
-from kiln_registry.jobs.sources import EXTRA_CONTEXT_TOKENS, token_ids_sha256
+from kiln_registry.jobs.scoring.sources import EXTRA_CONTEXT_TOKENS, token_ids_sha256
 
 
 def _ints(value: object, where: str, name: str) -> np.ndarray[Any, Any]:
@@ -175,7 +175,7 @@ def verify_corpus(
     """Check the trailer against ``keys``, then every line; see the module docstring.
 
     A corpus with a detached ``<corpus>.sig`` is an off-policy generation corpus
-    (``jobs.generation_verify``), which Kiln reads directly.
+    (``jobs.generation.verify``), which Kiln reads directly.
     """
     if path.with_name(path.name + ".sig").is_file():
         return verify_generation_corpus(path, keys, on_progress)

@@ -28,7 +28,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.config.settings import KilnConfig
-from kiln_registry.jobs.state import JobEnvironment
+from kiln_registry.jobs.core.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
 from kiln_registry.model.tokenizer import student_shape
 from kiln_registry.probe.client import ProbeLimiter

@@ -8,7 +8,7 @@ probing seam (``teachers.probing.run_probes`` with ``pinned``, the job probe
 timeout, the job limiter) and the discovered identity must be the pinned one
 (``same_identity``); each probe leaves a scrubbed receipt on the alias;
 (c) only then is a device leased and the score cache opened; (d)
-``jobs.pipeline`` (or ``jobs.generation``) runs.  A failure in (a) or (b)
+``jobs.scoring.pipeline`` (or ``jobs.generation.pipeline``) runs.  A failure in (a) or (b)
 leaves the cache untouched and no lease taken.  Each phase's timestamp is
 recorded on the job.  Before (a) the worker waits until some device is free,
 and if the lease is lost to another job after the probes, it waits and runs
@@ -36,22 +36,22 @@ from kiln_registry.domain.errors import (
 )
 from kiln_registry.domain.vocabulary import JobKind, JobStatus
 from kiln_registry.identity.document import same_identity
-from kiln_registry.jobs.generation import GenerationPipeline
-from kiln_registry.jobs.generation_sources import GenerationSettings, student_tokenizer
-from kiln_registry.jobs.generation_wire import GenerationTarget
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.pipeline import ScoringPipeline
-from kiln_registry.jobs.replica_scoring import (
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.service import PinnedTeacher, pin_teacher
+from kiln_registry.jobs.core.state import ClaimedJob, ClaimLost, JobCancelled, JobEnvironment
+from kiln_registry.jobs.generation.pipeline import GenerationPipeline
+from kiln_registry.jobs.generation.sources import GenerationSettings, student_tokenizer
+from kiln_registry.jobs.generation.wire import GenerationTarget
+from kiln_registry.jobs.scoring.pipeline import ScoringPipeline
+from kiln_registry.jobs.scoring.replicas import (
     EXHAUSTED_RULE,
     ReplicaPool,
     ReplicaScoringPipeline,
     mark_replica_fenced,
     verified_replicas,
 )
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.scoring import ScoringTarget
-from kiln_registry.jobs.service import PinnedTeacher, pin_teacher
-from kiln_registry.jobs.state import ClaimedJob, ClaimLost, JobCancelled, JobEnvironment
+from kiln_registry.jobs.scoring.target import ScoringTarget
 from kiln_registry.probe.client import SecretSource
 from kiln_registry.probe.wire import TeacherWire
 from kiln_registry.teachers.probing import (

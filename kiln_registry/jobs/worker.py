@@ -22,7 +22,7 @@ reaches jobs held by other processes.  ``stop()`` cancels the tasks and
 waits for them: a job in progress goes back to ``queued``.  Start-up also
 finishes deletions a crash interrupted, and with ``[jobs] retain_days`` one
 more task deletes expired finished jobs at start and every
-``jobs.retention.SWEEP_INTERVAL_S`` (``jobs.retention``).
+``jobs.core.retention.SWEEP_INTERVAL_S`` (``jobs.core.retention``).
 
 Imports: standard library, ``kiln_registry.db`` and ``jobs``; never the API.
 """
@@ -40,14 +40,14 @@ import time
 from typing import Final
 
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.leases import DeviceLeases
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.retention import SWEEP_INTERVAL_S, recover_deletions, sweep_expired
+from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.retention import SWEEP_INTERVAL_S, recover_deletions, sweep_expired
+from kiln_registry.jobs.core.service import result_dir
+from kiln_registry.jobs.core.signing import key_path, load_or_create_signer
+from kiln_registry.jobs.core.state import ClaimedJob, JobEnvironment
 from kiln_registry.jobs.runner import JobRun
-from kiln_registry.jobs.service import result_dir
-from kiln_registry.jobs.signing import key_path, load_or_create_signer
-from kiln_registry.jobs.state import ClaimedJob, JobEnvironment
 
 log = logging.getLogger("kiln_registry.jobs")
 

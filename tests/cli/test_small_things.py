@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kiln_registry.cli.main import run
-from kiln_registry.jobs.signing import keys_document, load_or_create_signer
+from kiln_registry.jobs.core.signing import keys_document, load_or_create_signer
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port
 

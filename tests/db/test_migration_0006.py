@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from kiln_registry.db.engine import open_engine, session_factory
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.core.repository import JobRepository
 from tests.db.test_migration_0005 import JOB_COLUMNS, _alembic, _job
 
 NOW = "2026-12-01T00:00:00.000000Z"

@@ -18,12 +18,12 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, text
 
 import kiln_registry.auth.models
-import kiln_registry.jobs.models  # noqa: F401  (registers the job tables on the metadata)
+import kiln_registry.jobs.core.models  # noqa: F401  (registers the job tables on the metadata)
 from kiln_registry.db.engine import head_revision, open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.location import parse_postgres
 from kiln_registry.db.models import metadata
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.core.repository import JobRepository
 from tests.db.test_migration_0005 import JOB_COLUMNS, _alembic
 from tests.db.test_migration_0005 import _job as old_job
 from tests.jobs.test_store import _job

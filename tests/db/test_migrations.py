@@ -19,7 +19,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
 import kiln_registry.auth.models
-import kiln_registry.jobs.models  # noqa: F401  (registers the job tables on the metadata)
+import kiln_registry.jobs.core.models  # noqa: F401  (registers the job tables on the metadata)
 from kiln_registry.db.engine import (
     current_revision,
     head_revision,

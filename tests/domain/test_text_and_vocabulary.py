@@ -31,7 +31,7 @@ from kiln_registry.domain.vocabulary import (
     TeacherKind,
     TeacherStatus,
 )
-from kiln_registry.jobs.models import JOB_KINDS, JOB_STATUSES
+from kiln_registry.jobs.core.models import JOB_KINDS, JOB_STATUSES
 
 
 def test_quoted_is_the_repr_of_the_cut_value() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from kiln_registry.jobs.signing import PublicKey, parse_keys
+from kiln_registry.jobs.core.signing import PublicKey, parse_keys
 from tests.pg_server import database_settings
 
 STARTUP_S = 120.0

@@ -1,6 +1,6 @@
 """The identity-bound corpus: its exact layout, atomic publication, and every verification rule.
 
-Corpora here are signed with a real Ed25519 key (``jobs.signing``) created in
+Corpora here are signed with a real Ed25519 key (``jobs.core.signing``) created in
 the test's directory; the signature rules themselves are in
 ``test_corpus_signature.py``.
 """
@@ -17,11 +17,11 @@ import pytest
 
 from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.off_policy import off_policy_manifest
-from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.corpus import CorpusWriter, RowContext
+from kiln_registry.jobs.core.signing import CorpusSigner, PublicKey, key_path, load_or_create_signer
 from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.signing import CorpusSigner, PublicKey, key_path, load_or_create_signer
-from kiln_registry.jobs.sources import token_ids_sha256
+from kiln_registry.jobs.scoring.cache import ScoredSequence
+from kiln_registry.jobs.scoring.corpus import CorpusWriter, RowContext
+from kiln_registry.jobs.scoring.sources import token_ids_sha256
 from tests.jobs.harness import student_identity
 
 IDENTITY = student_identity("b" * 64)

@@ -1,6 +1,6 @@
 """Signed corpora: the trailer, the registry key, and that any single-byte change is refused.
 
-The keys are real Ed25519 keys created by ``jobs.signing`` in ``tmp_path``;
+The keys are real Ed25519 keys created by ``jobs.core.signing`` in ``tmp_path``;
 verification runs in-process on a tiny corpus so every byte can be flipped.
 """
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from kiln_registry.domain.errors import InputError
-from kiln_registry.jobs.corpus import CorpusWriter, RowContext, trailer_line
+from kiln_registry.jobs.core.signing import CorpusSigner, PublicKey
 from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.signing import CorpusSigner, PublicKey
+from kiln_registry.jobs.scoring.corpus import CorpusWriter, RowContext, trailer_line
 from tests.jobs.test_corpus import IDENTITY, K, keyring, make_signer, scored, write_corpus
 
 TRAILER = '{"kiln.corpus-trailer.v1":'

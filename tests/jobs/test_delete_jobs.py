@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 
 from kiln_registry.auth.models import AuditEventRow
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.models import JobRow, JobSequenceRow
-from kiln_registry.jobs.retention import tombstone
+from kiln_registry.jobs.core.models import JobRow, JobSequenceRow
+from kiln_registry.jobs.core.retention import tombstone
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher

@@ -16,10 +16,10 @@ from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE, KILN_TEXT_ONLY_NOT
 from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
+from kiln_registry.jobs.core.models import GenerationCacheRow
+from kiln_registry.jobs.core.signing import parse_keys
 from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.generation_output import signature_path
-from kiln_registry.jobs.models import GenerationCacheRow
-from kiln_registry.jobs.signing import parse_keys
+from kiln_registry.jobs.generation.output import signature_path
 from tests.jobs.generation_harness import (
     CHAT_MODEL_ID,
     MESSAGES,
@@ -59,7 +59,7 @@ def _corpus(reg: Any, job_id: str) -> list[dict[str, Any]]:
 def test_greedy_generation_job_matches_transformers_and_verifies(
     tmp_path: Path, chat_model: Path, teacher: ChatTeacher
 ) -> None:
-    from kiln_registry.jobs.generation_sources import render, student_tokenizer
+    from kiln_registry.jobs.generation.sources import render, student_tokenizer
 
     config = make_config(tmp_path, chat_model, concurrency=2)
     with running_registry(config) as reg:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.models import GenerationCacheRow, JobSequenceRow
+from kiln_registry.jobs.core.models import GenerationCacheRow, JobSequenceRow
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher
 from tests.jobs.generation_harness import (

@@ -20,8 +20,8 @@ import pytest
 
 from kiln_registry.cli.main import run
 from kiln_registry.domain.errors import InputError
-from kiln_registry.jobs import logit_cache as lc
-from kiln_registry.jobs.logit_cache_store import put_entry
+from kiln_registry.jobs.scoring import logit_cache as lc
+from kiln_registry.jobs.scoring.logit_cache_store import put_entry
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher
 from tests.jobs.harness import make_config, running_registry

@@ -34,9 +34,9 @@ from kiln_registry.config.settings import load_config
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.postgres import BEGIN_OPTION, WRITE_LOCK_KEY
 from kiln_registry.db.repository import unit_of_work
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port
 from tests.jobs import restart_harness as rh
@@ -56,7 +56,7 @@ JOB_S = 120.0
 PAUSE_BEFORE_PUBLISH = """
 import sys, time
 from pathlib import Path
-from kiln_registry.jobs import ordered_pipeline
+from kiln_registry.jobs.core import ordered_pipeline
 marker = Path(sys.argv[1])
 publish = ordered_pipeline.OrderedPipeline._succeed
 def paused(self, writer, sha, size):

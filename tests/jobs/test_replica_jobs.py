@@ -229,7 +229,7 @@ def test_every_replica_failing_fails_the_job_closed(world: World) -> None:
 
 
 def _prompt(seq: list[int]) -> list[int]:
-    return [*seq, seq[-1]]  # the causal final-row probe (jobs.scoring.probe_prompt)
+    return [*seq, seq[-1]]  # the causal final-row probe (jobs.scoring.target.probe_prompt)
 
 
 def test_a_result_of_a_fenced_replica_not_yet_written_is_requested_again(

@@ -24,9 +24,9 @@ from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.opening import open_database
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import ConfigError
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.retention import SWEEP_BATCH, sweep_expired
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.retention import SWEEP_BATCH, sweep_expired
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import write_config
 from tests.backend import open_registry_database

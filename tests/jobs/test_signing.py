@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from kiln_registry.domain.errors import ConfigError, InputError
-from kiln_registry.jobs.signing import (
+from kiln_registry.jobs.core.signing import (
     KEY_FILE_NAME,
     CorpusSigner,
     PublicKey,

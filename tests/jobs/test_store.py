@@ -15,11 +15,11 @@ from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import InputError, JobConflict
-from kiln_registry.jobs import cache
-from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.leases import DeviceLeases
-from kiln_registry.jobs.models import JobRow, ScoreCacheRow
-from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.models import JobRow, ScoreCacheRow
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.scoring import cache
+from kiln_registry.jobs.scoring.cache import ScoredSequence
 from tests.backend import open_registry_database
 
 

@@ -26,10 +26,10 @@ from kiln_registry.db.engine import open_engine
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import ConfigError
+from kiln_registry.jobs.core.models import ScoreCacheRow
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.signing import key_path
 from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.models import ScoreCacheRow
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.signing import key_path
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.db.test_migration_0005 import _alembic
 from tests.helpers import free_port

@@ -30,7 +30,7 @@ from kiln_registry.db.engine import session_factory
 from kiln_registry.db.models import Base, TeacherRow
 from kiln_registry.db.opening import open_database
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.models import JobRow, JobSequenceRow
+from kiln_registry.jobs.core.models import JobRow, JobSequenceRow
 from tests.jobs.restart_harness import stop
 
 HEARTBEAT_S = 0.2

@@ -1,6 +1,6 @@
 """Kiln's off-policy preparation rules, re-implemented for the tests from Kiln's source.
 
-Independent of ``kiln_registry.jobs.generation_kiln`` (the product's copy):
+Independent of ``kiln_registry.jobs.generation.kiln`` (the product's copy):
 the conformance tests hold the product's corpora to these.  Each rule names
 its Kiln file (ericflo/kiln):
 

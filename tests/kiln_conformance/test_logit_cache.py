@@ -22,8 +22,8 @@ import pytest
 
 from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs import logit_cache as lc
-from kiln_registry.jobs.logit_cache_store import put_entry, write_archive
+from kiln_registry.jobs.scoring import logit_cache as lc
+from kiln_registry.jobs.scoring.logit_cache_store import put_entry, write_archive
 from tests.kiln_conformance import logit_cache_rules as kiln
 
 A, B, C, D = "a" * 64, "b" * 64, "c" * 64, "d" * 64

@@ -1,5 +1,5 @@
 """Kiln's off-policy preparation: the tests' re-implementation (``kiln_rules``) and the product's
-(``jobs.generation_kiln``) agree, on Kiln's own test values and on the tiny student.
+(``jobs.generation.kiln``) agree, on Kiln's own test values and on the tiny student.
 
 Kiln values: ``crates/kiln-train/tests/fixtures/qwen35_sft_oracle_v1.json`` (the
 rendered ChatML conversations whose assistant labels run from after
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kiln_registry.domain.errors import JobInvalid
-from kiln_registry.jobs.generation_kiln import KilnRenderer, _byte_table, _chatml_mask
+from kiln_registry.jobs.generation.kiln import KilnRenderer, _byte_table, _chatml_mask
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.kiln_conformance import kiln_rules
 

@@ -21,8 +21,8 @@ import httpx
 import numpy as np
 import pytest
 
-from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.scoring import ScoringTarget, score_sequence
+from kiln_registry.jobs.scoring.cache import ScoredSequence
+from kiln_registry.jobs.scoring.target import ScoringTarget, score_sequence
 from kiln_registry.probe.client import ProbeLimiter, probe_teacher
 from kiln_registry.probe.wire import TeacherWire
 from tests.kiln_conformance.test_probe_bodies import check, refused, serde, valid_response

@@ -44,7 +44,7 @@ import pytest
 
 from kiln_registry.domain.vocabulary import TERMINAL_JOB_STATUSES
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.models import JOB_STATUSES
+from kiln_registry.jobs.core.models import JOB_STATUSES
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.reference_teacher.model import ReferenceTeacher

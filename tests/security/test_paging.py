@@ -18,8 +18,8 @@ import pytest
 from kiln_registry.api.paging import encode_cursor, encode_key
 from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import RegistryServer, error_of

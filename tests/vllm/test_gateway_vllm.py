@@ -35,8 +35,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kiln_registry.jobs.core.signing import parse_keys
 from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.signing import parse_keys
 from tests.helpers import free_port
 from tests.vllm.support import (
     MAX_MODEL_LEN,

@@ -1,6 +1,6 @@
 """``/v1/jobs``: submit, list, show, cancel, delete, and stream a job's identity-bound corpus.
 
-Thin handlers: validate, call one ``jobs.service`` function in a worker
+Thin handlers: validate, call one ``jobs.core.service`` function in a worker
 thread, return a public schema; errors are ``KilnError`` (job_invalid,
 job_not_found, job_conflict, teacher_not_registered,
 teacher_identity_required).  The running workers, when the app's lifespan
@@ -42,10 +42,10 @@ from kiln_registry.api.strict_body import StrictJsonRoute
 from kiln_registry.auth.middleware import STATE_KEY
 from kiln_registry.auth.tokens import TokenIdentity
 from kiln_registry.domain.vocabulary import JobKind
-from kiln_registry.jobs import retention, service
-from kiln_registry.jobs.generation_output import detached_signature
-from kiln_registry.jobs.generation_submit import generation_submission, submit_generation
-from kiln_registry.jobs.state import JobEnvironment
+from kiln_registry.jobs.core import retention, service
+from kiln_registry.jobs.core.state import JobEnvironment
+from kiln_registry.jobs.generation.output import detached_signature
+from kiln_registry.jobs.generation.submit import generation_submission, submit_generation
 from kiln_registry.jobs.worker import JobWorkers
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)

@@ -1,9 +1,9 @@
 """``GET /v1/keys``: the public key that signs every published corpus.
 
-The registry signs each job's corpus with its Ed25519 key (``jobs.signing``,
+The registry signs each job's corpus with its Ed25519 key (``jobs.core.signing``,
 created beside the database on the first start); this route serves only the
 public half, so ``kiln corpus verify`` can check a corpus's trailer.  The
-body is the document ``jobs.signing.parse_keys`` reads back (also accepted by
+body is the document ``jobs.core.signing.parse_keys`` reads back (also accepted by
 ``kiln corpus verify --public-key FILE``).
 """
 
@@ -19,7 +19,7 @@ from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import error_responses
 from kiln_registry.api.schemas import WireModel
-from kiln_registry.jobs import signing
+from kiln_registry.jobs.core import signing
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

@@ -2,13 +2,13 @@
 
 A teacher corpus ends with a ``kiln.corpus-trailer.v1`` line; an off-policy
 generation corpus has the same fields in a detached ``<corpus>.sig``.  Both
-verifiers (``jobs.corpus_verify`` for teacher corpora, ``jobs.generation_verify``
+verifiers (``jobs.corpus_verify`` for teacher corpora, ``jobs.generation.verify``
 for generation corpora) read the trailer fields, check the signature against the
 registry's keys, read the signed bytes line by line through ``SignedBody``
 (bounded, hashed as read) and parse the manifest header with the helpers here.
 Refusals are ``InputError`` with ``rule="corpus.<name>"``.  Imports: the
 standard library, ``kiln_registry.domain.errors``, ``identity`` and
-``jobs.corpus``/``jobs.signing``; never either verifier.
+``jobs.scoring.corpus``/``jobs.core.signing``; never either verifier.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
 from kiln_registry.identity.strict_read import loads_strict
-from kiln_registry.jobs.corpus import TRAILER_FIELDS, TRAILER_PREFIX, trailer_line
-from kiln_registry.jobs.signing import TRAILER_SCHEMA, PublicKey
+from kiln_registry.jobs.core.signing import TRAILER_SCHEMA, PublicKey
+from kiln_registry.jobs.scoring.corpus import TRAILER_FIELDS, TRAILER_PREFIX, trailer_line
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 MAX_ROW_BYTES: Final = 256 << 20

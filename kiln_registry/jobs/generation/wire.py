@@ -16,7 +16,7 @@ sampled token first and merges it when it is in the top ``K``): the top
 ``K`` are kept, best first.  Retries as scoring's (connection failures, 503).
 
 Imports: standard library, ``kiln_registry.domain.errors``/``identity``/``probe``
-and ``jobs.generation_sources``/``jobs.scoring``; no database.
+and ``jobs.generation.sources``/``jobs.scoring.target``; no database.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.domain.limits import MAX_BODY_LIMIT, MIN_BODY_LIMIT
 from kiln_registry.domain.text import quoted
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.generation_sources import GenerationSettings
-from kiln_registry.jobs.scoring import SCORE_TIMEOUT_S, send_with_retries
+from kiln_registry.jobs.generation.sources import GenerationSettings
+from kiln_registry.jobs.scoring.target import SCORE_TIMEOUT_S, send_with_retries
 from kiln_registry.probe.parse import check_logprob, strict_loads, withholding_response_text
 from kiln_registry.probe.transport import SecretSource, TeacherTransport
 from kiln_registry.probe.verify import identity_from_fingerprint
@@ -63,7 +63,7 @@ def generation_request(
 
 @dataclass(frozen=True, slots=True)
 class KilnTokens:
-    """The teacher's scores in Kiln's tokenization (``jobs.generation_kiln``).
+    """The teacher's scores in Kiln's tokenization (``jobs.generation.kiln``).
 
     ``sequence`` is the whole conversation as Kiln tokenizes it, ``positions``
     its action positions; per position, the teacher's logprob of the token

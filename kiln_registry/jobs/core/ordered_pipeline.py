@@ -1,7 +1,7 @@
 """Phase (d)'s shared loop: a claimed job's rows, requested concurrently, written in order.
 
-``OrderedPipeline`` is what teacher scoring (``jobs.pipeline``) and
-off-policy generation (``jobs.generation``) have in common.  Rows are read
+``OrderedPipeline`` is what teacher scoring (``jobs.scoring.pipeline``) and
+off-policy generation (``jobs.generation.pipeline``) have in common.  Rows are read
 from the job in pages; with the cache on, each page's hits are looked up in
 the same transaction.  Misses are requested with at most ``[jobs]
 concurrency`` requests in flight, and results are written in input order
@@ -34,10 +34,10 @@ from sqlalchemy.orm import Session
 
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.vocabulary import JobStatus
-from kiln_registry.jobs.leases import DeviceLeases
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.service import result_root
-from kiln_registry.jobs.state import ClaimedJob, ClaimLost
+from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.service import result_root
+from kiln_registry.jobs.core.state import ClaimedJob, ClaimLost
 
 log = logging.getLogger("kiln_registry.jobs")
 

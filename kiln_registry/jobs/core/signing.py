@@ -17,10 +17,10 @@ bytes as lowercase hex.  ``parse_keys`` reads that document back strictly
 (``GET /v1/keys``, ``kiln keys show --json`` and ``--public-key FILE`` all
 use it).  What is signed is ``signed_message(sha256)``: the bytes
 ``kiln.corpus-trailer.v1``, one NUL byte, then the 32-byte SHA-256 digest of
-the corpus before its trailer (layout in ``jobs.corpus``).
+the corpus before its trailer (layout in ``jobs.scoring.corpus``).
 
 Imports: standard library, ``cryptography``, ``kiln_registry.domain.errors`` and
-``jobs.sources`` (strict JSON).
+``jobs.scoring.sources`` (strict JSON).
 """
 
 from __future__ import annotations

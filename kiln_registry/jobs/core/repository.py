@@ -17,7 +17,7 @@ worker that lost its claim (lease taken over, cancellation of a queued job)
 changes nothing.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` (the
-timestamp), ``jobs.models`` and ``kiln_registry.domain`` (errors, text, vocabulary).
+timestamp), ``jobs.core.models`` and ``kiln_registry.domain`` (errors, text, vocabulary).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from kiln_registry.db.models import TIMESTAMP_FORMAT, utc_timestamp
 from kiln_registry.domain.errors import InputError, JobConflict, JobNotFound
 from kiln_registry.domain.text import clipped
 from kiln_registry.domain.vocabulary import ACTIVE_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
-from kiln_registry.jobs.models import JOB_STATUSES, JobRow, JobSequenceRow
+from kiln_registry.jobs.core.models import JOB_STATUSES, JobRow, JobSequenceRow
 
 MAX_LIST_LIMIT: Final = 1_000
 MAX_PAGE: Final = 10_000

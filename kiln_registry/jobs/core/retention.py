@@ -42,10 +42,10 @@ from kiln_registry.db.models import TIMESTAMP_FORMAT
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.db.space import reclaim_space
 from kiln_registry.domain.errors import JobNotFound, KilnError
-from kiln_registry.jobs.generation_output import signature_path
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.service import result_dir
-from kiln_registry.jobs.signing import fsync_dir
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.service import result_dir
+from kiln_registry.jobs.core.signing import fsync_dir
+from kiln_registry.jobs.generation.output import signature_path
 
 log = logging.getLogger("kiln_registry.jobs")
 

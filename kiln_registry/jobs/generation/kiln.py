@@ -33,7 +33,7 @@ there and the teacher's top-K over logits row ``q - 1``: one
 Refusals (``JobInvalid``, rule ``generation.kiln_*``, naming the prompt):
 a template Kiln renders through its own ``{% generation %}`` span path (not
 reproduced here), a template error, no action token, an action at position
-0, and (``jobs.generation``) a sequence the pinned teacher cannot score in
+0, and (``jobs.generation.pipeline``) a sequence the pinned teacher cannot score in
 one request.  A response whose sampled ids do not decode to whole
 characters holds U+FFFD: Kiln trains on that text, so it is tokenized and
 scored as Kiln will (``metadata.completion_token_ids`` keeps the sampled ids).

@@ -6,7 +6,7 @@ identity; ``jobs.runner``), and only the replicas that passed enter the
 ``ReplicaPool``: one ``TeacherWire`` and ``ScoringTarget`` each (the same
 pinned identity, model id and K).  Sequences go round-robin to the replicas
 still standing.  A replica is FENCED for the rest of the job when a request
-to it fails after the retries of ``jobs.scoring`` (transport failures, 503)
+to it fails after the retries of ``jobs.scoring.target`` (transport failures, 503)
 or an answer does not verify against the pinned identity (a changed
 fingerprint above all): the sequence is sent again to another replica, and
 ``ReplicaScoringPipeline`` re-requests, before writing it, every result of a
@@ -44,11 +44,11 @@ from kiln_registry.db.models import TeacherReplicaRow, TeacherRow, utc_timestamp
 from kiln_registry.domain.errors import KilnError, ProbeFailed
 from kiln_registry.domain.text import clipped
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.pipeline import ScoringPipeline, _tokens
-from kiln_registry.jobs.repository import SequenceItem
-from kiln_registry.jobs.scoring import ScoringTarget, score_sequence
-from kiln_registry.jobs.state import ClaimedJob
+from kiln_registry.jobs.core.repository import SequenceItem
+from kiln_registry.jobs.core.state import ClaimedJob
+from kiln_registry.jobs.scoring.cache import ScoredSequence
+from kiln_registry.jobs.scoring.pipeline import ScoringPipeline, _tokens
+from kiln_registry.jobs.scoring.target import ScoringTarget, score_sequence
 from kiln_registry.probe.wire import TeacherWire
 
 log = logging.getLogger("kiln_registry.jobs")

@@ -20,7 +20,7 @@ Layout (``kiln.teacher-scores.v1``):
   ``{"kiln.corpus-trailer.v1":{"sha256":S,"key_id":I,"signature":G}}``: ``S``
   the lowercase hex SHA-256 of every byte before the trailer line, ``I`` the
   registry key's id and ``G`` the lowercase hex Ed25519 signature over
-  ``jobs.signing.signed_message(S)``.
+  ``jobs.core.signing.signed_message(S)``.
 
 ``CorpusWriter`` hashes the bytes as it writes them to a hidden partial file
 named for the writer's claim (``.<name>.<tag>.partial``, so two workers that
@@ -31,7 +31,7 @@ transaction that proves the claim still holds; ``discard`` removes it.  Reading 
 verifying a corpus is ``jobs.corpus_verify``.
 
 Imports: standard library, numpy, orjson, ``identity.document`` and
-``jobs.cache``/``jobs.signing``/``jobs.sources``.
+``jobs.scoring.cache``/``jobs.core.signing``/``jobs.scoring.sources``.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ import orjson
 
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
-from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.signing import TRAILER_SCHEMA, CorpusSigner, fsync_dir
-from kiln_registry.jobs.sources import token_ids_sha256
+from kiln_registry.jobs.core.signing import TRAILER_SCHEMA, CorpusSigner, fsync_dir
+from kiln_registry.jobs.scoring.cache import ScoredSequence
+from kiln_registry.jobs.scoring.sources import token_ids_sha256
 
 ROW_FORMAT: Final = "kiln.teacher-scores.v1"
 ROW_KEYS: Final = (

@@ -1,4 +1,4 @@
-"""Verifying an off-policy generation corpus (layout in ``jobs.generation_output``).
+"""Verifying an off-policy generation corpus (layout in ``jobs.generation.output``).
 
 The signature is detached: ``<corpus>.sig`` holds one byte-exact
 ``kiln.corpus-trailer.v1`` line whose SHA-256 covers the whole corpus,
@@ -17,7 +17,7 @@ ids equal ``kiln_token_ids`` at ``kiln_action_positions`` (format v2; v1:
 ``InputError`` with ``rule="corpus.<name>"`` naming the line.
 
 Imports: standard library, ``kiln_registry.domain.errors``/``identity`` and
-``jobs.corpus_signed``/``jobs.generation_output``/``jobs.signing``.
+``jobs.scoring.corpus_signed``/``jobs.generation.output``/``jobs.core.signing``.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from kiln_registry.domain.errors import KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
-from kiln_registry.jobs import corpus_signed as cv
-from kiln_registry.jobs.corpus_signed import corpus_error as _error
-from kiln_registry.jobs.generation_output import (
+from kiln_registry.jobs.core.signing import PublicKey
+from kiln_registry.jobs.generation.output import (
     EXAMPLE_KEYS,
     META_FORMAT,
     META_FORMAT_V1,
     signature_path,
 )
-from kiln_registry.jobs.signing import PublicKey
+from kiln_registry.jobs.scoring import corpus_signed as cv
+from kiln_registry.jobs.scoring.corpus_signed import corpus_error as _error
 
 _REQUIRED: Final = ("id", "messages", "teacher_response")
 _U32: Final = 2**32

@@ -4,14 +4,14 @@ Submission pins the alias's complete spec (identity, URL, credential id,
 model id, bounds, and the registry row's creation time, so a delete and
 re-register is detected even with identical values) into the job row and
 copies every input sequence into ``job_sequences``, after validating each
-one against the pinned identity (``jobs.sources``).  ``output``
+one against the pinned identity (``jobs.scoring.sources``).  ``output``
 ``kiln-logit-cache-v3`` (the job also publishes Kiln logit-cache entries)
 needs ``[jobs] logit_cache_root``.  Unknown aliases are
 ``TeacherNotFound.in_job`` (``400 teacher_not_registered``); aliases without a
 verified, usable identity are ``IdentityRequired``.  The corpus is read outside
 any transaction; the insert transaction re-reads the alias and refuses
 (``JobConflict``) if it changed meanwhile, and checks the queue's quotas
-(``jobs.quotas``).  A job belongs to the token that submitted it
+(``jobs.core.quotas``).  A job belongs to the token that submitted it
 (``jobs.owner``); every lookup takes a ``viewer``: ``None`` (an admin token,
 or auth off) sees every job, a token name only that token's jobs, and
 another token's job is ``job_not_found`` like a missing one.
@@ -42,10 +42,10 @@ from kiln_registry.domain.errors import (
 )
 from kiln_registry.domain.vocabulary import JobKind, JobStatus, TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.quotas import check_quotas
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.sources import LoadedSequences, corpus_sequences, inline_sequences
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.quotas import check_quotas
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.scoring.sources import LoadedSequences, corpus_sequences, inline_sequences
 
 RESULT_DIR_NAME = "job-results"
 LOGIT_CACHE_OUTPUT = "kiln-logit-cache-v3"

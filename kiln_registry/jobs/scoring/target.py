@@ -4,7 +4,7 @@ Request planning follows Kiln's remote teacher: prompt-logprobs position
 ``i`` comes from logits row ``i - 1``, so to expose the final row the last
 token is sent twice (the causal final-row probe).  A sequence of ``n``
 tokens is one request of ``n + 1`` prompt tokens with ``max_tokens = 1``,
-answered by ``n`` rows; ``jobs.sources.check_sequence`` already refused a
+answered by ``n`` rows; ``jobs.scoring.sources.check_sequence`` already refused a
 sequence that would not fit ``max_model_len`` (``n + 2``) or whose response
 could exceed ``max_prompt_logprob_candidates`` (``n * min(K + 1, vocab)``),
 so every request is one sequence and no response can exceed the budget.
@@ -22,7 +22,7 @@ CPU per request).  ``send_with_retries`` is the retry loop that generation
 requests share.
 
 Imports: standard library, numpy, ``kiln_registry.domain.errors``,
-``identity.document``, ``probe`` and ``jobs.cache``; no database or FastAPI.
+``identity.document``, ``probe`` and ``jobs.scoring.cache``; no database or FastAPI.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.cache import ScoredSequence
+from kiln_registry.jobs.scoring.cache import ScoredSequence
 from kiln_registry.probe.candidate_scan import parse_completion_fast
 from kiln_registry.probe.client import completion_request, status_failure
 from kiln_registry.probe.parse import response_body_limit

@@ -27,11 +27,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.leases import DeviceLeases
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.repository import JobRepository, clip_message
-from kiln_registry.jobs.signing import CorpusSigner
+from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.repository import JobRepository, clip_message
+from kiln_registry.jobs.core.signing import CorpusSigner
+from kiln_registry.jobs.scoring.cache import ScoredSequence
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 

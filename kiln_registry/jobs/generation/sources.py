@@ -13,7 +13,7 @@ cached.  Every prompt is checked against the pinned identity before anything
 is stored: ``prompt + max_tokens <= max_model_len``, ids in vocabulary.
 
 Imports: standard library, ``transformers`` (inside the loader),
-``kiln_registry.domain.errors``/``identity`` and ``jobs.sources``.
+``kiln_registry.domain.errors``/``identity`` and ``jobs.scoring.sources``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from kiln_registry.domain.errors import JobInvalid
 from kiln_registry.domain.text import quoted
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.strict_read import loads_strict
-from kiln_registry.jobs.sources import (
+from kiln_registry.jobs.scoring.sources import (
     MAX_CORPUS_BYTES,
     MAX_LINE_BYTES,
     MAX_SEQ_ID_CHARS,

@@ -1,11 +1,11 @@
 """Submitting an off-policy generation job: pin the teacher, render and store the prompts.
 
-The same rules as a scoring submission (``jobs.service``): the alias's
+The same rules as a scoring submission (``jobs.core.service``): the alias's
 complete spec is pinned, every prompt is validated against the pinned
 identity before anything is stored (so a bad prompt leaves no row), and the
 insert transaction re-reads the alias and refuses (``JobConflict``) if it
 changed meanwhile.  Prompts are rendered with the loaded student's chat
-template (``jobs.generation_sources``); the job row records the canonical
+template (``jobs.generation.sources``); the job row records the canonical
 sampling settings in ``generation_json`` and ``top_k``.
 
 Call from a worker thread.  Imports: standard library, SQLAlchemy,
@@ -24,24 +24,24 @@ from kiln_registry.config.settings import KilnConfig
 from kiln_registry.domain.errors import JobInvalid
 from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.generation_output import insert_prompts
-from kiln_registry.jobs.generation_sources import (
-    GenerationSettings,
-    Prompts,
-    corpus_prompts,
-    inline_prompts,
-    student_tokenizer,
-)
-from kiln_registry.jobs.models import JobRow
-from kiln_registry.jobs.repository import JobRepository
-from kiln_registry.jobs.service import (
+from kiln_registry.jobs.core.models import JobRow
+from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.service import (
     JobSubmission,
     Submitter,
     _job_row,
     _read_pin,
     insert_pinned,
 )
-from kiln_registry.jobs.sources import LoadedSequences
+from kiln_registry.jobs.generation.output import insert_prompts
+from kiln_registry.jobs.generation.sources import (
+    GenerationSettings,
+    Prompts,
+    corpus_prompts,
+    inline_prompts,
+    student_tokenizer,
+)
+from kiln_registry.jobs.scoring.sources import LoadedSequences
 
 
 @dataclass(frozen=True, slots=True)

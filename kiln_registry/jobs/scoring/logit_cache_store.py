@@ -18,7 +18,7 @@ say, written as ``logit-cache/<relative path>`` members (GNU headers, mode
 mtime 0; the output must lie outside the root and is published atomically.
 
 Imports: standard library, ``kiln_registry.domain.errors`` and
-``jobs.logit_cache``.
+``jobs.scoring.logit_cache``.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Final, Literal
 
 from kiln_registry.domain.errors import InputError
-from kiln_registry.jobs.logit_cache import (
+from kiln_registry.jobs.core.signing import fsync_dir
+from kiln_registry.jobs.scoring.logit_cache import (
     MAX_ENTRY_BYTES,
     PATH_PREFIX,
     StoredEntry,
     merge,
     parse_entry,
 )
-from kiln_registry.jobs.signing import fsync_dir
 
 MAX_SCAN_FILES: Final = 1_000_000
 MAX_SCAN_DIRECTORIES: Final = 1_000_000

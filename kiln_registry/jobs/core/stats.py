@@ -3,7 +3,7 @@
 ``registry_counts`` returns teachers and jobs by status (every status, zero
 included) and the device leases held, each with one grouped
 ``SELECT``; like the other repositories, the SQL lives here and nowhere in
-the API.  Imports SQLAlchemy, ``db.models``, ``jobs.models`` and
+the API.  Imports SQLAlchemy, ``db.models``, ``jobs.core.models`` and
 ``kiln_registry.domain.vocabulary``.
 """
 
@@ -14,7 +14,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.domain.vocabulary import JobStatus, TeacherStatus
-from kiln_registry.jobs.models import DeviceLeaseRow, JobRow
+from kiln_registry.jobs.core.models import DeviceLeaseRow, JobRow
 
 
 def _grouped(session: Session, column: InstrumentedAttribute[str]) -> dict[str, int]:

@@ -10,10 +10,10 @@ batch dropped and the partial corpus deleted by the caller: nothing produced
 after the failure is kept, and the job fails.  A killed job is requeued and
 starts again; its cached generations make that fast.  With ``top_k > 0`` each
 generation is followed by one scoring request over the conversation as
-Kiln's off-policy preparation tokenizes it (``jobs.generation_kiln``), so
+Kiln's off-policy preparation tokenizes it (``jobs.generation.kiln``), so
 ``teacher_tokens`` are what Kiln's trainer accepts; a response Kiln's
 preparation could not reproduce fails the job (``generation.kiln_*``).  The loop itself is
-``jobs.ordered_pipeline`` (shared with teacher scoring); this module says how
+``jobs.core.ordered_pipeline`` (shared with teacher scoring); this module says how
 prompts are read, generated, cached and written.
 
 Imports: standard library, ``kiln_registry.db`` and ``jobs``.
@@ -31,15 +31,15 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from kiln_registry.domain.errors import JobInvalid
-from kiln_registry.jobs import generation_output as out
-from kiln_registry.jobs.generation_kiln import KilnRenderer
-from kiln_registry.jobs.generation_output import ExampleContext, ExampleWriter, PromptItem
-from kiln_registry.jobs.generation_sources import GenerationSettings
-from kiln_registry.jobs.generation_wire import Generated, GenerationTarget, KilnTokens, generate
-from kiln_registry.jobs.ordered_pipeline import OrderedPipeline
-from kiln_registry.jobs.scoring import ScoringTarget, score_sequence
-from kiln_registry.jobs.sources import check_sequence
-from kiln_registry.jobs.state import ClaimedJob
+from kiln_registry.jobs.core.ordered_pipeline import OrderedPipeline
+from kiln_registry.jobs.core.state import ClaimedJob
+from kiln_registry.jobs.generation import output as out
+from kiln_registry.jobs.generation.kiln import KilnRenderer
+from kiln_registry.jobs.generation.output import ExampleContext, ExampleWriter, PromptItem
+from kiln_registry.jobs.generation.sources import GenerationSettings
+from kiln_registry.jobs.generation.wire import Generated, GenerationTarget, KilnTokens, generate
+from kiln_registry.jobs.scoring.sources import check_sequence
+from kiln_registry.jobs.scoring.target import ScoringTarget, score_sequence
 
 PAGE_SIZE: Final = 500
 KILN_TOKENS_FORMAT: Final = "kiln-registry.kiln-tokens.v1"

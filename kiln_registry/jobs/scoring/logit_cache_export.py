@@ -12,7 +12,7 @@ sequence (or any sequence it is a prefix of) asks for is a hit, at any
 
 ``export_corpus`` reads a signed ``kiln.teacher-scores.v1`` corpus
 (``jobs.corpus_verify`` first: signature and every line), then publishes its
-rows into a cache root directory (merging, ``jobs.logit_cache_store``) or into
+rows into a cache root directory (merging, ``jobs.scoring.logit_cache_store``) or into
 a ``.tar.gz`` (entries staged in a fresh hidden root beside it, archived by
 Kiln's layout, the staging root removed).  ``produced_at`` defaults to the
 corpus file's modification time, whole seconds, in Kiln's form, so exporting
@@ -37,18 +37,18 @@ import numpy as np
 
 from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.corpus import ROW_FORMAT
-from kiln_registry.jobs.corpus_signed import (
+from kiln_registry.jobs.core.signing import PublicKey
+from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.scoring.corpus import ROW_FORMAT
+from kiln_registry.jobs.scoring.corpus_signed import (
     MAX_HEADER_BYTES,
     MAX_ROW_BYTES,
     SignedBody,
     loads_line,
     read_trailer,
 )
-from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.logit_cache import CacheRow, kiln_timestamp, make_entry, to_f32
-from kiln_registry.jobs.logit_cache_store import Outcome, put_entry, write_archive
-from kiln_registry.jobs.signing import PublicKey
+from kiln_registry.jobs.scoring.logit_cache import CacheRow, kiln_timestamp, make_entry, to_f32
+from kiln_registry.jobs.scoring.logit_cache_store import Outcome, put_entry, write_archive
 
 FORMAT: Final = "kiln-logit-cache-v3"
 ARCHIVE_SUFFIX: Final = ".tar.gz"

@@ -9,7 +9,7 @@ every probe rule with the pinned fingerprint.  Lengths are checked when a
 row is read back, and a row that does not decode is refused, not used.
 
 Imports: the standard library, numpy, SQLAlchemy, ``kiln_registry.db``,
-``jobs.models`` and ``kiln_registry.domain.errors``.
+``jobs.core.models`` and ``kiln_registry.domain.errors``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from kiln_registry.db.engine import BEGIN_OPTION
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import insert_ignoring_duplicates
 from kiln_registry.domain.errors import InputError, JobConflict
-from kiln_registry.jobs.models import ScoreCacheRow
+from kiln_registry.jobs.core.models import ScoreCacheRow
 
 LOOKUP_CHUNK: Final = 500  # keys per IN (...) query; also the generation cache's
 HEX64_CHARS: Final = frozenset("0123456789abcdef")

@@ -12,7 +12,7 @@ orphan: ``release_orphans`` drops those, at a worker's start and whenever
 expired jobs are requeued.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db`` and
-``jobs.models``.
+``jobs.core.models``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import is_unique_violation
 from kiln_registry.domain.vocabulary import ACTIVE_JOB_STATUSES
-from kiln_registry.jobs.models import DeviceLeaseRow, JobRow
+from kiln_registry.jobs.core.models import DeviceLeaseRow, JobRow
 
 
 class DeviceLeases:

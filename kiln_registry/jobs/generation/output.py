@@ -9,7 +9,7 @@ this order: ``id``, ``messages`` (the prompt, as submitted), ``teacher_response`
 skipped), ``teacher_tokens`` (only when ``top_k > 0``: one
 ``TeacherActionToken`` ``{"token_id", "token", "logprob", "top_logprobs":
 [{"token_id", "logprob"}, ...]}`` per action position of the conversation as
-Kiln's preparation tokenizes it (``jobs.generation_kiln``), the teacher's
+Kiln's preparation tokenizes it (``jobs.generation.kiln``), the teacher's
 top ``K`` there best first) and ``metadata`` (``format``
 ``kiln-registry.generation.v2``, ``job_id``, ``teacher``,
 ``identity_digest``, ``prompt_token_ids_sha256``, ``completion_token_ids``
@@ -23,7 +23,7 @@ be a trailer line here: it is the same ``kiln.corpus-trailer.v1`` line a
 scoring corpus ends with, covering the SHA-256 of the whole ``.jsonl``,
 written to ``<corpus>.jsonl.sig`` beside it (published first, then the
 corpus; both atomically, from partial files named for the writer's claim, inside
-the transaction that proves the claim still holds, as ``jobs.corpus`` does).
+the transaction that proves the claim still holds, as ``jobs.scoring.corpus`` does).
 
 The cache: ``generation_cache`` rows keyed by (identity digest, settings
 SHA-256, prompt ids SHA-256) hold a verified ``Generated`` as JSON; only
@@ -53,12 +53,12 @@ from kiln_registry.domain.errors import JobConflict, KilnError, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
-from kiln_registry.jobs.cache import LOOKUP_CHUNK
-from kiln_registry.jobs.corpus import LOCAL_TAG, partial_path, trailer_line
-from kiln_registry.jobs.generation_sources import GenerationSettings
-from kiln_registry.jobs.generation_wire import Generated, KilnTokens
-from kiln_registry.jobs.models import GenerationCacheRow
-from kiln_registry.jobs.signing import CorpusSigner, fsync_dir
+from kiln_registry.jobs.core.models import GenerationCacheRow
+from kiln_registry.jobs.core.signing import CorpusSigner, fsync_dir
+from kiln_registry.jobs.generation.sources import GenerationSettings
+from kiln_registry.jobs.generation.wire import Generated, KilnTokens
+from kiln_registry.jobs.scoring.cache import LOOKUP_CHUNK
+from kiln_registry.jobs.scoring.corpus import LOCAL_TAG, partial_path, trailer_line
 
 META_FORMAT: Final = "kiln-registry.generation.v2"
 META_FORMAT_V1: Final = "kiln-registry.generation.v1"  # teacher_tokens = sampled ids
@@ -264,7 +264,7 @@ def insert_prompts(session: Session, job_id: str, items: Sequence[tuple[Any, str
     """Store a job's prompts (``(JobSequence, messages_json)``) in pages."""
     from sqlalchemy import insert
 
-    from kiln_registry.jobs.models import JobSequenceRow
+    from kiln_registry.jobs.core.models import JobSequenceRow
 
     for start in range(0, len(items), LOOKUP_CHUNK):
         session.execute(
@@ -278,7 +278,7 @@ def insert_prompts(session: Session, job_id: str, items: Sequence[tuple[Any, str
 
 
 def prompt_page(session: Session, job_id: str, *, after: int, limit: int) -> list[PromptItem]:
-    from kiln_registry.jobs.models import JobSequenceRow
+    from kiln_registry.jobs.core.models import JobSequenceRow
 
     rows = session.execute(
         select(JobSequenceRow.idx, JobSequenceRow.seq_id, JobSequenceRow.token_ids,

@@ -8,7 +8,7 @@ max_queued_jobs_per_token`` / ``max_queued_tokens_per_token`` and
 ``max_queued_jobs`` / ``max_queued_tokens``.  Past any of them the
 submission is ``429 job_queue_full`` (``Retry-After: 60``) naming the limit;
 nothing is queued.  With auth off every caller is one owner (``None``).
-Imports ``config.settings``, ``domain.errors`` and ``jobs.repository``.
+Imports ``config.settings``, ``domain.errors`` and ``jobs.core.repository``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from kiln_registry.config.settings import JobsConfig
 from kiln_registry.domain.errors import JobQueueFull
-from kiln_registry.jobs.repository import JobRepository
+from kiln_registry.jobs.core.repository import JobRepository
 
 
 def _refuse(what: str, held: int, adding: int, limit: int, key: str) -> JobQueueFull:

@@ -11,9 +11,9 @@ the unflushed batch is dropped and the partial corpus deleted by the caller.
 The corpus is signed (once, over the digest taken while writing) and published
 atomically before the job is marked ``succeeded``; a job with ``output``
 ``kiln-logit-cache-v3`` then publishes that corpus's rows into ``[jobs]
-logit_cache_root`` as Kiln logit-cache entries (``jobs.logit_cache_export``), and
+logit_cache_root`` as Kiln logit-cache entries (``jobs.scoring.logit_cache_export``), and
 fails (its corpus removed) if any entry conflicts with one already there.  The loop itself is
-``jobs.ordered_pipeline`` (shared with off-policy generation); this module
+``jobs.core.ordered_pipeline`` (shared with off-policy generation); this module
 says how sequences are read, scored, cached and written.
 
 Imports: standard library, numpy, ``kiln_registry.db`` and ``jobs``.
@@ -31,16 +31,16 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from kiln_registry.domain.errors import JobInvalid
-from kiln_registry.jobs import cache as score_cache
-from kiln_registry.jobs.cache import ScoredSequence
-from kiln_registry.jobs.corpus import CorpusWriter, RowContext
-from kiln_registry.jobs.logit_cache import kiln_timestamp
-from kiln_registry.jobs.logit_cache_export import publish_corpus
-from kiln_registry.jobs.ordered_pipeline import OrderedPipeline
-from kiln_registry.jobs.repository import JobRepository, SequenceItem
-from kiln_registry.jobs.scoring import ScoringTarget, score_sequence
-from kiln_registry.jobs.service import LOGIT_CACHE_OUTPUT
-from kiln_registry.jobs.state import ClaimedJob
+from kiln_registry.jobs.core.ordered_pipeline import OrderedPipeline
+from kiln_registry.jobs.core.repository import JobRepository, SequenceItem
+from kiln_registry.jobs.core.service import LOGIT_CACHE_OUTPUT
+from kiln_registry.jobs.core.state import ClaimedJob
+from kiln_registry.jobs.scoring import cache as score_cache
+from kiln_registry.jobs.scoring.cache import ScoredSequence
+from kiln_registry.jobs.scoring.corpus import CorpusWriter, RowContext
+from kiln_registry.jobs.scoring.logit_cache import kiln_timestamp
+from kiln_registry.jobs.scoring.logit_cache_export import publish_corpus
+from kiln_registry.jobs.scoring.target import ScoringTarget, score_sequence
 
 PAGE_SIZE: Final = 1_000
 

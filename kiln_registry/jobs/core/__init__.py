@@ -1,0 +1,1 @@
+"""The job queue's kind-independent core: rows, repository, leases, state, retention."""

@@ -1,0 +1,1 @@
+"""Off-policy generation jobs: prompts, requests, pipeline, output, verification."""

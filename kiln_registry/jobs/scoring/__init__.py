@@ -1,0 +1,1 @@
+"""Teacher scoring jobs: sources, requests, pipeline, score cache, corpora, logit-cache export."""
