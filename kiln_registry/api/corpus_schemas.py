@@ -1,7 +1,7 @@
 """The line schemas of a result corpus (``GET /v1/jobs/{id}/result``, NDJSON), for OpenAPI.
 
 The server writes corpora byte by byte (``jobs.scoring.corpus``) and checks them with
-``jobs.corpus_verify``; these models only *describe* each line for the
+``jobs.scoring.corpus_verify``; these models only *describe* each line for the
 OpenAPI document (``api.openapi`` puts them in ``components`` and names them
 from the result's ``application/x-ndjson`` media type), so a generated client
 can parse each line with a typed model.  Imports pydantic and ``api.schemas``.

@@ -63,7 +63,7 @@ def _still_registered(client: RegistryClient, summary: CorpusSummary, file: Path
 
 
 def _verify_file(file: Path, keys: dict[str, PublicKey]) -> CorpusSummary:
-    from kiln_registry.jobs.corpus_verify import verify_corpus
+    from kiln_registry.jobs.kinds import verify_corpus
 
     # Bytes checked, rate and time left on a terminal (stderr); nothing on a pipe.
     with ProgressBar("kiln corpus verify", file.stat().st_size if file.is_file() else None) as bar:
@@ -138,12 +138,15 @@ def _export_keys(args: argparse.Namespace) -> dict[str, PublicKey]:
 
 
 def _corpus_export(args: argparse.Namespace) -> int:
+    from kiln_registry.jobs.kinds import verify_corpus
     from kiln_registry.jobs.scoring.logit_cache import check_timestamp
     from kiln_registry.jobs.scoring.logit_cache_export import export_corpus
 
     if args.produced_at is not None:
         check_timestamp(args.produced_at)
-    summary = export_corpus(args.file, _export_keys(args), args.to, args.produced_at)
+    summary = export_corpus(
+        args.file, _export_keys(args), args.to, args.produced_at, verify=verify_corpus
+    )
     done = ", ".join(f"{count} {name}" for name, count in summary.outcomes.items())
     where = f"archive {args.to} ({summary.archive_bytes} bytes)" if summary.archive_bytes else (
         f"cache root {args.to}")  # fmt: skip

@@ -8,7 +8,7 @@ the progress callback whenever the job's status or progress changed.
 parent directory, writes a hidden ``.<name>.partial`` file beside the output,
 hashes it, and on ``finish`` checks the byte count and the SHA-256 the
 registry announced (``x-kiln-result-sha256``), verifies the corpus with
-``jobs.corpus_verify.verify_corpus`` against the registry's signing keys
+``jobs.kinds.verify_corpus`` against the registry's signing keys
 (signature trailer, manifest, every line), fsyncs, and only then renames it
 into place (and fsyncs the directory).  An off-policy generation corpus
 (which Kiln reads line by line, so its signature is detached) comes with its
@@ -21,7 +21,7 @@ files; the output is never a half-written or unverified corpus.
 ``wait_job`` and ``download_result``: each runs on either client.
 
 Imports the standard library, ``client.base`` and (lazily, since it brings
-numpy) ``jobs.corpus_verify``; never httpx or FastAPI.
+numpy) ``jobs.kinds``; never httpx or FastAPI.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class ResultSink:
     def verify(self, keys: dict[str, Any] | None) -> CorpusSummary | None:
         if keys is None:
             return None
-        from kiln_registry.jobs.corpus_verify import verify_corpus
+        from kiln_registry.jobs.kinds import verify_corpus
 
         return verify_corpus(self.partial, keys)
 

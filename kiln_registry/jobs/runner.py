@@ -34,26 +34,14 @@ from kiln_registry.domain.errors import (
     ProbeFailed,
     TeacherNotFound,
 )
-from kiln_registry.domain.vocabulary import JobKind, JobStatus
+from kiln_registry.domain.vocabulary import JobStatus
 from kiln_registry.identity.document import same_identity
+from kiln_registry.jobs.core.endpoints import EXHAUSTED_RULE, JobTeachers, verified_replicas
 from kiln_registry.jobs.core.models import JobRow
-from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.jobs.core.repository import JobRepository, fence_replica
 from kiln_registry.jobs.core.service import PinnedTeacher, pin_teacher
 from kiln_registry.jobs.core.state import ClaimedJob, ClaimLost, JobCancelled, JobEnvironment
-from kiln_registry.jobs.generation.pipeline import GenerationPipeline
-from kiln_registry.jobs.generation.sources import GenerationSettings, student_tokenizer
-from kiln_registry.jobs.generation.wire import GenerationTarget
-from kiln_registry.jobs.scoring.pipeline import ScoringPipeline
-from kiln_registry.jobs.scoring.replicas import (
-    EXHAUSTED_RULE,
-    ReplicaPool,
-    ReplicaScoringPipeline,
-    mark_replica_fenced,
-    verified_replicas,
-)
-from kiln_registry.jobs.scoring.target import ScoringTarget
-from kiln_registry.probe.client import SecretSource
-from kiln_registry.probe.wire import TeacherWire
+from kiln_registry.jobs.kinds import JobPipeline, job_kind
 from kiln_registry.teachers.probing import (
     ProbeOutcome,
     ProbeSetup,
@@ -76,7 +64,7 @@ class JobRun:
     def __init__(self, env: JobEnvironment, job: JobRow, cancel: asyncio.Event) -> None:
         self.claimed = ClaimedJob(env, job, cancel)
         self.job = job
-        self.pipeline: ScoringPipeline | GenerationPipeline | None = None
+        self.pipeline: JobPipeline | None = None
 
     async def run(self) -> None:
         claimed = self.claimed
@@ -113,30 +101,22 @@ class JobRun:
             self.pipeline.discard()
 
     async def _phases(self) -> None:
+        spec = job_kind(self.job.kind)
         while True:
             await self._wait_for_device()
             replicas = await asyncio.to_thread(self._check_spec)
-            proved = await self._prove_replicas(replicas) if replicas else None
-            if proved is None:
-                url, secret = await self._probe()
-            else:  # off-policy generation uses the first proved replica only
-                url, secret = proved[0][1].endpoint.completions_url, proved[0][1].secret
+            if replicas:
+                proved = await self._prove_replicas(replicas)
+            else:
+                proved = [(None, await self._probe())]
             if await asyncio.to_thread(self.claimed.lease, utc_timestamp()) is not None:
                 break
         now = utc_timestamp()
         await asyncio.to_thread(
             self.claimed.update, status=JobStatus.running.value, scoring_started_at=now
         )
-        env = self.claimed.env
-        if proved is not None and self.job.kind != JobKind.off_policy_generation:
-            async with self._pool(proved) as pool:
-                self.pipeline = ReplicaScoringPipeline(self.claimed, pool)
-                await self.pipeline.run()
-            return
-        async with TeacherWire(
-            url, tls=env.teacher_tls, max_idle=env.config.jobs.concurrency
-        ) as wire:
-            self.pipeline = await _pipeline(self.claimed, wire, secret)
+        async with self._teachers(proved) as teachers:
+            self.pipeline = await spec.pipeline(self.claimed, teachers)
             await self.pipeline.run()
 
     async def _wait_for_device(self) -> None:
@@ -199,15 +179,15 @@ class JobRun:
             mismatch_rule="job.identity_changed",
         )
 
-    async def _probe(self) -> tuple[str, SecretSource | None]:
-        """Both probes against the pinned spec; the completions URL and its secret."""
+    async def _probe(self) -> ResolvedTeacher:
+        """Both probes against the pinned spec; the resolved endpoint and its secret."""
         job, env = self.job, self.claimed.env
         resolved = resolve_endpoint(
             env.config, job.teacher_url, job.teacher_credential_id, guard_hosts=False
         )
         await self._prove(resolved)
         await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
-        return resolved.endpoint.completions_url, resolved.secret
+        return resolved
 
     async def _prove(self, resolved: ResolvedTeacher) -> None:
         """Both probes of one endpoint, pinned; waits while the job limiter is full."""
@@ -224,43 +204,56 @@ class JobRun:
 
     async def _prove_replicas(
         self, replicas: list[tuple[int, str]]
-    ) -> list[tuple[int, ResolvedTeacher]]:
-        """Phase (b) of a replica set: prove each replica; fence those that fail."""
-        job, env = self.job, self.claimed.env
-        proved: list[tuple[int, ResolvedTeacher]] = []
+    ) -> list[tuple[int | None, ResolvedTeacher]]:
+        """Phase (b) of a replica set: prove every replica at once; fence those that fail."""
+        tasks = [asyncio.create_task(self._prove_replica(idx, url)) for idx, url in replicas]
+        try:
+            outcomes = await asyncio.gather(*tasks)
+        except BaseException:  # cancelled, or the claim lost: stop every other proof
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        proved: list[tuple[int | None, ResolvedTeacher]] = []
         reasons: list[str] = []
-        for idx, url in replicas:
-            try:
-                resolved = resolve_endpoint(
-                    env.config, url, job.teacher_credential_id, guard_hosts=False
-                )
-                await self._prove(resolved)
-            except KilnError as exc:
-                reasons.append(f"replica {idx}: {exc}")
-                await asyncio.to_thread(self._fenced, idx, str(exc))
-                continue
-            proved.append((idx, resolved))
+        for (idx, _), outcome in zip(replicas, outcomes, strict=True):
+            if isinstance(outcome, str):
+                reasons.append(f"replica {idx}: {outcome}")
+            else:
+                proved.append((idx, outcome))
         if not proved:
             raise ProbeFailed(
-                f"no replica of alias {job.teacher_alias!r} proved the pinned identity:"
+                f"no replica of alias {self.job.teacher_alias!r} proved the pinned identity:"
                 f" {'; '.join(reasons)}",
                 rule=EXHAUSTED_RULE,
             )
         await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
         return proved
 
-    def _pool(self, proved: list[tuple[int, ResolvedTeacher]]) -> ReplicaPool:
-        job, env = self.job, self.claimed.env
-        return ReplicaPool(
-            proved, alias=job.teacher_alias, identity=self.claimed.identity,
-            model_id=job.teacher_model_id, k=job.top_k, tls=env.teacher_tls,
+    async def _prove_replica(self, idx: int, url: str) -> ResolvedTeacher | str:
+        """One replica proved (its resolved endpoint), or fenced (the reason)."""
+        env = self.claimed.env
+        try:
+            resolved = resolve_endpoint(
+                env.config, url, self.job.teacher_credential_id, guard_hosts=False
+            )
+            await self._prove(resolved)
+        except KilnError as exc:
+            await asyncio.to_thread(self._fenced, idx, str(exc))
+            return str(exc)
+        return resolved
+
+    def _teachers(self, proved: list[tuple[int | None, ResolvedTeacher]]) -> JobTeachers:
+        env = self.claimed.env
+        return JobTeachers(
+            proved, alias=self.job.teacher_alias, tls=env.teacher_tls,
             max_idle=env.config.jobs.concurrency, on_fence=self._fenced,
         )  # fmt: skip
 
     def _fenced(self, idx: int, reason: str) -> None:
         """Record on the alias's replica that this job fenced it (a re-probe restores it)."""
         with unit_of_work(self.claimed.env.sessions) as session:
-            mark_replica_fenced(session, self.job.teacher_alias, idx, self.job.id, reason)
+            fence_replica(session, self.job.teacher_alias, idx, self.job.id, reason)
 
     async def _probe_once(self, setup: ProbeSetup, resolved: ResolvedTeacher) -> ProbeOutcome:
         identity = self.claimed.identity
@@ -280,25 +273,3 @@ class JobRun:
         """Job probes leave receipts on the alias like re-probes do (scrubbed)."""
         with unit_of_work(self.claimed.env.sessions) as session:
             receipt.store(session, self.job.teacher_alias, self.claimed.identity.digest())
-
-
-async def _pipeline(
-    claimed: ClaimedJob, wire: TeacherWire, secret: SecretSource | None
-) -> ScoringPipeline | GenerationPipeline:
-    """The pipeline of the job's kind, once phases (a) to (c) passed."""
-    job = claimed.job
-    if job.kind != JobKind.off_policy_generation:
-        target = ScoringTarget(
-            wire=wire, model_id=job.teacher_model_id, secret=secret,
-            identity=claimed.identity, k=job.top_k,
-        )  # fmt: skip
-        return ScoringPipeline(claimed, target)
-    assert job.generation_json is not None, "generation jobs record their settings"
-    settings = GenerationSettings.from_json(job.generation_json)
-    model_dir = claimed.env.config.student.model_path
-    tokenizer = await asyncio.to_thread(student_tokenizer, model_dir)
-    generation = GenerationTarget(
-        wire=wire, model_id=job.teacher_model_id, secret=secret,
-        identity=claimed.identity, settings=settings,
-    )  # fmt: skip
-    return GenerationPipeline(claimed, generation, tokenizer)

@@ -40,7 +40,7 @@ import time
 from typing import Final
 
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.lease_repository import DeviceLeases
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.retention import SWEEP_INTERVAL_S, recover_deletions, sweep_expired

@@ -18,7 +18,7 @@ import pytest
 from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.core.signing import CorpusSigner, PublicKey, key_path, load_or_create_signer
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.jobs.scoring.cache import ScoredSequence
 from kiln_registry.jobs.scoring.corpus import CorpusWriter, RowContext
 from kiln_registry.jobs.scoring.sources import token_ids_sha256

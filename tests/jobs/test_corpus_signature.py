@@ -16,7 +16,7 @@ import pytest
 
 from kiln_registry.domain.errors import InputError
 from kiln_registry.jobs.core.signing import CorpusSigner, PublicKey
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.jobs.scoring.corpus import CorpusWriter, RowContext, trailer_line
 from tests.jobs.test_corpus import IDENTITY, K, keyring, make_signer, scored, write_corpus
 

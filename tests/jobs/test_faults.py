@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from kiln_registry.db.repository import unit_of_work
-from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.lease_repository import DeviceLeases
 from kiln_registry.jobs.core.signing import parse_keys
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.jobs.scoring import cache as score_cache
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.harness import Controlled, Registry, make_config, running_registry, student_identity

@@ -17,9 +17,8 @@ from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.core.models import GenerationCacheRow
-from kiln_registry.jobs.core.signing import parse_keys
-from kiln_registry.jobs.corpus_verify import verify_corpus
-from kiln_registry.jobs.generation.output import signature_path
+from kiln_registry.jobs.core.signing import parse_keys, signature_path
+from kiln_registry.jobs.kinds import verify_corpus
 from tests.jobs.generation_harness import (
     CHAT_MODEL_ID,
     MESSAGES,

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from tests.helpers import free_port
 from tests.jobs import restart_harness as rh
 from tests.jobs.generation_harness import (

@@ -10,10 +10,10 @@ import pytest
 
 from kiln_registry.domain.errors import InputError
 from kiln_registry.jobs.core.signing import CorpusSigner, key_path, load_or_create_signer
-from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.generation.output import ExampleContext, ExampleWriter, encode_example
 from kiln_registry.jobs.generation.sources import GenerationSettings, student_tokenizer
 from kiln_registry.jobs.generation.wire import Generated, KilnTokens
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.generation_harness import add_chat_template

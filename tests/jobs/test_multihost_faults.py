@@ -36,7 +36,7 @@ from kiln_registry.db.postgres import BEGIN_OPTION, WRITE_LOCK_KEY
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.repository import JobRepository
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port
 from tests.jobs import restart_harness as rh

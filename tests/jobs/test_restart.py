@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port
 from tests.jobs import restart_harness as rh

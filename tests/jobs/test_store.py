@@ -15,7 +15,7 @@ from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import InputError, JobConflict
-from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.lease_repository import DeviceLeases
 from kiln_registry.jobs.core.models import JobRow, ScoreCacheRow
 from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.scoring import cache

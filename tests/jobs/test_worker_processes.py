@@ -29,7 +29,7 @@ from kiln_registry.domain.errors import ConfigError
 from kiln_registry.jobs.core.models import ScoreCacheRow
 from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.signing import key_path
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.db.test_migration_0005 import _alembic
 from tests.helpers import free_port

@@ -30,11 +30,11 @@ import pytest
 
 from kiln_registry.identity.off_policy import OFF_POLICY_SCHEMA, off_policy_manifest
 from kiln_registry.jobs.core.signing import key_path, load_or_create_signer
-from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.generation.kiln import KilnRenderer
 from kiln_registry.jobs.generation.output import ExampleContext, ExampleWriter, encode_example
 from kiln_registry.jobs.generation.sources import GenerationSettings, render, student_tokenizer
 from kiln_registry.jobs.generation.wire import Generated, KilnTokens
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.generation_harness import CHAT_TEMPLATE, MESSAGES, add_chat_template

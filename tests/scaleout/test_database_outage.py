@@ -33,7 +33,7 @@ from kiln_registry.config.settings import load_config
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.core.signing import key_path
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.model.tokenizer import student_vocab
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.helpers import free_port

@@ -36,7 +36,7 @@ import httpx
 import pytest
 
 from kiln_registry.jobs.core.signing import parse_keys
-from kiln_registry.jobs.corpus_verify import verify_corpus
+from kiln_registry.jobs.kinds import verify_corpus
 from tests.helpers import free_port
 from tests.vllm.support import (
     MAX_MODEL_LEN,

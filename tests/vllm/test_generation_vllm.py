@@ -34,8 +34,8 @@ import pytest
 
 from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE
 from kiln_registry.jobs.core.signing import parse_keys
-from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.generation.sources import render, student_tokenizer
+from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import write_config
 from tests.jobs.generation_harness import CHAT_TEMPLATE, MESSAGES, add_chat_template

@@ -29,7 +29,6 @@ from kiln_registry.api.jobs_schemas import (
     JOB_ID_PATTERN,
     AnyJobCreate,
     DeleteJobResponse,
-    GenerationJobCreate,
     JobPublic,
     JobsListResponse,
     JobStatus,
@@ -41,11 +40,9 @@ from kiln_registry.api.routes import responses as errors
 from kiln_registry.api.strict_body import StrictJsonRoute
 from kiln_registry.auth.middleware import STATE_KEY
 from kiln_registry.auth.tokens import TokenIdentity
-from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.jobs.core import retention, service
 from kiln_registry.jobs.core.state import JobEnvironment
-from kiln_registry.jobs.generation.output import detached_signature
-from kiln_registry.jobs.generation.submit import generation_submission, submit_generation
+from kiln_registry.jobs.kinds import job_kind
 from kiln_registry.jobs.worker import JobWorkers
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
@@ -81,22 +78,10 @@ def _viewer(request: Request) -> str | None:
 )
 async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPublic:
     """Pin the teacher's complete spec, validate every sequence or prompt, and queue the job."""
-    if isinstance(body, GenerationJobCreate):
-        row = await run_in_threadpool(
-            submit_generation, ctx.config, ctx.sessions, generation_submission(body),
-            _owner(request),
-        )  # fmt: skip
-    else:
-        submission = service.JobSubmission(
-            teacher=body.teacher,
-            top_k=body.top_k,
-            sequences=body.sequences,
-            corpus_path=body.corpus.path if body.corpus is not None else None,
-            output=body.output,
-        )
-        row = await run_in_threadpool(
-            service.submit_job, ctx.config, ctx.sessions, submission, _owner(request)
-        )
+    spec = job_kind(body.kind)
+    row = await run_in_threadpool(
+        spec.submit, ctx.config, ctx.sessions, spec.submission(body), _owner(request)
+    )
     workers = _workers(request)
     if workers is not None:
         workers.wake()
@@ -202,10 +187,8 @@ async def get_job_result(job_id: JobId, ctx: Ctx, request: Request) -> Streaming
         "x-kiln-result-sha256": row.result_sha256 or "",
         "x-kiln-identity-revision": "sha256:" + row.identity_digest,
     }
-    if row.kind == JobKind.off_policy_generation:
-        # Kiln reads every line of this corpus, so its signature is detached (<corpus>.sig).
-        signature = await run_in_threadpool(detached_signature, path)
-        headers["x-kiln-corpus-signature"] = signature
+    # A generation corpus's detached signature (Kiln reads every line of that corpus).
+    headers |= await run_in_threadpool(job_kind(row.kind).result_headers, path)
     return StreamingResponse(_chunks(path, size), media_type=NDJSON, headers=headers)
 
 

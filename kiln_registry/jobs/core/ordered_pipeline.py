@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.vocabulary import JobStatus
-from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.lease_repository import DeviceLeases
 from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.service import result_root
 from kiln_registry.jobs.core.state import ClaimedJob, ClaimLost

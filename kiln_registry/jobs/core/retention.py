@@ -44,8 +44,7 @@ from kiln_registry.db.space import reclaim_space
 from kiln_registry.domain.errors import JobNotFound, KilnError
 from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.service import result_dir
-from kiln_registry.jobs.core.signing import fsync_dir
-from kiln_registry.jobs.generation.output import signature_path
+from kiln_registry.jobs.core.signing import fsync_dir, signature_path
 
 log = logging.getLogger("kiln_registry.jobs")
 

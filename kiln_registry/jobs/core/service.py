@@ -1,15 +1,14 @@
-"""Job submission, lookup, cancellation and results: the queue's synchronous service layer.
+"""Job submission's shared rules, lookup, cancellation and results: the queue's service layer.
 
-Submission pins the alias's complete spec (identity, URL, credential id,
-model id, bounds, and the registry row's creation time, so a delete and
-re-register is detected even with identical values) into the job row and
-copies every input sequence into ``job_sequences``, after validating each
-one against the pinned identity (``jobs.scoring.sources``).  ``output``
-``kiln-logit-cache-v3`` (the job also publishes Kiln logit-cache entries)
-needs ``[jobs] logit_cache_root``.  Unknown aliases are
-``TeacherNotFound.in_job`` (``400 teacher_not_registered``); aliases without a
-verified, usable identity are ``IdentityRequired``.  The corpus is read outside
-any transaction; the insert transaction re-reads the alias and refuses
+Every job kind's submission (``jobs.scoring.submit``, ``jobs.generation.submit``,
+dispatched from ``jobs.kinds``) pins the alias's complete spec (identity, URL,
+credential id, model id, bounds, and the registry row's creation time, so a
+delete and re-register is detected even with identical values) into the job
+row (``job_row``), after validating every input row against the pinned
+identity.  Unknown aliases are ``TeacherNotFound.in_job`` (``400
+teacher_not_registered``); aliases without a verified, usable identity are
+``IdentityRequired``.  Inputs are read outside any transaction; the insert
+transaction (``insert_pinned``) re-reads the alias and refuses
 (``JobConflict``) if it changed meanwhile, and checks the queue's quotas
 (``jobs.core.quotas``).  A job belongs to the token that submitted it
 (``jobs.owner``); every lookup takes a ``viewer``: ``None`` (an admin token,
@@ -18,13 +17,13 @@ another token's job is ``job_not_found`` like a missing one.
 
 Call these from a worker thread (they block on SQLite and files).
 Imports: standard library, SQLAlchemy, ``kiln_registry.config.settings``/``db``/
-``errors``/``identity`` and ``jobs``; never the API layer.
+``errors``/``identity`` and ``jobs.core``; never the API layer or a job kind.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,29 +36,15 @@ from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.domain.errors import (
     IdentityRequired,
     JobConflict,
-    JobInvalid,
     TeacherNotFound,
 )
-from kiln_registry.domain.vocabulary import JobKind, JobStatus, TeacherKind, TeacherStatus
+from kiln_registry.domain.vocabulary import JobStatus, TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.quotas import check_quotas
 from kiln_registry.jobs.core.repository import JobRepository
-from kiln_registry.jobs.scoring.sources import LoadedSequences, corpus_sequences, inline_sequences
 
 RESULT_DIR_NAME = "job-results"
-LOGIT_CACHE_OUTPUT = "kiln-logit-cache-v3"
-
-
-@dataclass(frozen=True, slots=True)
-class JobSubmission:
-    """A validated request: exactly one of ``sequences`` and ``corpus_path``."""
-
-    teacher: str
-    top_k: int
-    sequences: Sequence[Sequence[object]] | None = None
-    corpus_path: str | None = None
-    output: str | None = None  # LOGIT_CACHE_OUTPUT: also publish into [jobs] logit_cache_root
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,49 +118,38 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
     )
 
 
-def _read_pin(sessions: sessionmaker[Session], alias: str) -> PinnedTeacher:
+def read_pin(sessions: sessionmaker[Session], alias: str) -> PinnedTeacher:
     with unit_of_work(sessions) as session:
         return pin_teacher(TeacherRepository(session).get(alias), alias)
 
 
-def _load(config: KilnConfig, sub: JobSubmission, identity: TeacherIdentity) -> LoadedSequences:
-    if not 1 <= sub.top_k <= identity.max_top_k:
-        raise JobInvalid(
-            f"top_k: {sub.top_k} is outside 1..={identity.max_top_k} (the teacher's max_top_k)",
-            rule="job.top_k",
-        )
-    if sub.output not in (None, LOGIT_CACHE_OUTPUT):
-        raise JobInvalid(f"output: unknown output {sub.output!r}", rule="job.output")
-    if sub.output is not None and config.jobs.logit_cache_root is None:
-        raise JobInvalid(
-            f'output: "{LOGIT_CACHE_OUTPUT}" needs [jobs] logit_cache_root, which is not set',
-            rule="job.logit_cache_root",
-            hint="set [jobs] logit_cache_root in kiln.toml to the Kiln logit cache root,"
-            " or submit without output and use `kiln corpus export`",
-        )
-    if (sub.sequences is None) == (sub.corpus_path is None):
-        raise JobInvalid("give exactly one of sequences and corpus", rule="job.source")
-    if sub.sequences is not None:
-        return inline_sequences(sub.sequences, identity, sub.top_k)
-    assert sub.corpus_path is not None
-    return corpus_sequences(config.jobs.corpus_root, sub.corpus_path, identity, sub.top_k)
+@dataclass(frozen=True, slots=True)
+class JobInput:
+    """What a submission read: its row count, tokens and, from a corpus, its path and hash."""
+
+    count: int
+    token_count: int
+    corpus_path: str | None = None
+    corpus_sha256: str | None = None
 
 
-def _job_row(
-    job_id: str, pin: PinnedTeacher, sub: JobSubmission, loaded: LoadedSequences
-) -> JobRow:
+def job_row(
+    job_id: str, pin: PinnedTeacher, kind: str, top_k: int, source: JobInput,
+    output: str | None = None,
+) -> JobRow:  # fmt: skip
+    """A new queued job of ``kind`` pinned to ``pin`` (the caller adds its input rows)."""
     now = utc_timestamp()
     return JobRow(
-        id=job_id, kind=JobKind.teacher_scoring.value, status=JobStatus.queued.value,
+        id=job_id, kind=kind, status=JobStatus.queued.value,
         teacher_alias=pin.alias,
         teacher_kind=pin.kind, teacher_url=pin.url, teacher_credential_id=pin.credential_id,
         teacher_model_id=pin.model_id, teacher_created_at=pin.created_at,
-        identity_json=pin.identity_json, identity_digest=pin.identity_digest, top_k=sub.top_k,
-        source="inline" if loaded.corpus_path is None else "corpus",
-        corpus_path=loaded.corpus_path, corpus_sha256=loaded.corpus_sha256,
-        sequence_count=len(loaded.sequences), token_count=loaded.token_count, device=None,
+        identity_json=pin.identity_json, identity_digest=pin.identity_digest, top_k=top_k,
+        source="inline" if source.corpus_path is None else "corpus",
+        corpus_path=source.corpus_path, corpus_sha256=source.corpus_sha256,
+        sequence_count=source.count, token_count=source.token_count, device=None,
         claim_token=None, cancel_requested=0, attempts=0, scored_count=0, cache_hits=0,
-        requests_sent=0, retries=0, created_at=now, updated_at=now, output=sub.output,
+        requests_sent=0, retries=0, created_at=now, updated_at=now, output=output,
     )  # fmt: skip
 
 
@@ -212,26 +186,6 @@ def insert_pinned(
         session.flush()
         session.expunge(row)
         return row
-
-
-def submit_job(
-    config: KilnConfig,
-    sessions: sessionmaker[Session],
-    sub: JobSubmission,
-    owner: str | None = None,
-) -> JobRow:
-    """Validate and queue a job for ``owner``; return its row (detached from the session)."""
-    pin = _read_pin(sessions, sub.teacher)
-    loaded = _load(config, sub, pin.identity)
-
-    def write(session: Session, job_id: str) -> JobRow:
-        row = _job_row(job_id, pin, sub, loaded)
-        items = [(s.seq_id, s.tokens, s.sha256) for s in loaded.sequences]
-        JobRepository(session).insert(row, items)
-        return row
-
-    submitter = Submitter(config.jobs, owner)
-    return insert_pinned(sessions, sub.teacher, pin, write, submitter, loaded.token_count)
 
 
 def _read_only(session: Session) -> None:

@@ -49,12 +49,18 @@ MAX_KEY_FILE_BYTES: Final = 4096
 MAX_KEYS: Final = 16
 MAX_KEYS_FILE_BYTES: Final = 64 * 1024
 KEY_FIELDS: Final = ("key_id", "algorithm", "public_key")
+SIGNATURE_SUFFIX: Final = ".sig"  # a detached corpus signature: <corpus>.jsonl.sig
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 
 def key_path(state_dir: Path) -> Path:
     """Where the signing key lives in a registry's ``[server]`` state directory."""
     return state_dir / KEY_FILE_NAME
+
+
+def signature_path(corpus: Path) -> Path:
+    """Where a corpus's detached signature lives (off-policy generation corpora have one)."""
+    return corpus.with_name(corpus.name + SIGNATURE_SUFFIX)
 
 
 def signed_message(sha256_hex: str) -> bytes:

@@ -19,7 +19,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,11 +27,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.jobs.core.leases import DeviceLeases
+from kiln_registry.jobs.core.lease_repository import DeviceLeases
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.repository import JobRepository, clip_message
 from kiln_registry.jobs.core.signing import CorpusSigner
-from kiln_registry.jobs.scoring.cache import ScoredSequence
 from kiln_registry.probe.client import ProbeLimiter
 from kiln_registry.probe.verify import StudentView
 
@@ -73,7 +72,7 @@ class Progress:
     cache_hits: int = 0
     requests: int = 0
     retries: int = 0
-    pending: list[tuple[str, ScoredSequence]] = field(default_factory=list)
+    pending: list[tuple[str, Any]] = field(default_factory=list)  # (sha, the kind's result)
     flushed_at: float = field(default_factory=time.monotonic)
 
     def counters(self) -> dict[str, int]:

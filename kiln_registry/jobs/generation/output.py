@@ -1,4 +1,4 @@
-"""Off-policy generation corpora in Kiln's format, their detached signature, and the cache.
+"""Off-policy generation corpora in Kiln's format and their detached signature.
 
 Layout (what Kiln's ``parse_off_policy_distillation_dataset_str`` reads,
 ``crates/kiln-train/src/opd.rs``): line 1 is exactly the teacher's
@@ -25,9 +25,7 @@ written to ``<corpus>.jsonl.sig`` beside it (published first, then the
 corpus; both atomically, from partial files named for the writer's claim, inside
 the transaction that proves the claim still holds, as ``jobs.scoring.corpus`` does).
 
-The cache: ``generation_cache`` rows keyed by (identity digest, settings
-SHA-256, prompt ids SHA-256) hold a verified ``Generated`` as JSON; only
-deterministic settings are cached (the caller's rule).
+The generation cache and a job's prompts are ``jobs.generation.repository``.
 
 Imports: standard library, orjson, SQLAlchemy, ``kiln_registry.db``/
 ``identity`` and ``jobs``.
@@ -38,37 +36,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 import orjson
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from kiln_registry.db.models import utc_timestamp
-from kiln_registry.db.repository import insert_ignoring_duplicates
 from kiln_registry.domain.errors import JobConflict, KilnError, ProbeFailed
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
-from kiln_registry.jobs.core.models import GenerationCacheRow
-from kiln_registry.jobs.core.signing import CorpusSigner, fsync_dir
+from kiln_registry.jobs.core.signing import (
+    SIGNATURE_SUFFIX,
+    CorpusSigner,
+    fsync_dir,
+    signature_path,
+)
 from kiln_registry.jobs.generation.sources import GenerationSettings
 from kiln_registry.jobs.generation.wire import Generated, KilnTokens
-from kiln_registry.jobs.scoring.cache import LOOKUP_CHUNK
 from kiln_registry.jobs.scoring.corpus import LOCAL_TAG, partial_path, trailer_line
 
 META_FORMAT: Final = "kiln-registry.generation.v2"
 META_FORMAT_V1: Final = "kiln-registry.generation.v1"  # teacher_tokens = sampled ids
 EXAMPLE_KEYS: Final = ("id", "messages", "teacher_response", "teacher_tokens", "metadata")
-SIGNATURE_SUFFIX: Final = ".sig"
 MAX_SIGNATURE_BYTES: Final = 1024
-
-
-def signature_path(corpus: Path) -> Path:
-    return corpus.with_name(corpus.name + SIGNATURE_SUFFIX)
 
 
 def detached_signature(corpus: Path) -> str:
@@ -208,87 +199,7 @@ class ExampleWriter:
         self.sig_partial.unlink(missing_ok=True)
 
 
-# -- the generation cache --------------------------------------------------------
-
-
-def cache_lookup(
-    session: Session, identity_digest: str, settings_sha256: str, prompts: Sequence[str]
-) -> dict[str, Generated]:
-    """Cached generations of ``prompts`` (ids SHA-256s); rows that do not decode are skipped."""
-    found: dict[str, Generated] = {}
-    for start in range(0, len(prompts), LOOKUP_CHUNK):
-        chunk = list(prompts[start : start + LOOKUP_CHUNK])
-        rows = session.execute(
-            select(GenerationCacheRow.prompt_sha256, GenerationCacheRow.result_json).where(
-                GenerationCacheRow.identity_digest == identity_digest,
-                GenerationCacheRow.settings_sha256 == settings_sha256,
-                GenerationCacheRow.prompt_sha256.in_(chunk),
-            )
-        )
-        for sha, text in rows:
-            try:
-                found[sha] = Generated.from_json(json.loads(text))
-            except (ValueError, KeyError, TypeError):
-                continue
-    return found
-
-
-def cache_store(
-    session: Session, identity_digest: str, settings_sha256: str,
-    items: Iterable[tuple[str, Generated]],
-) -> None:  # fmt: skip
-    now = utc_timestamp()
-    values = [
-        {"identity_digest": identity_digest, "settings_sha256": settings_sha256,
-         "prompt_sha256": sha, "result_json": json.dumps(gen.to_json(), separators=(",", ":")),
-         "created_at": now}
-        for sha, gen in items
-    ]  # fmt: skip
-    if values:
-        session.execute(insert_ignoring_duplicates(session, GenerationCacheRow).values(values))
-
-
-# -- the prompts of a job ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PromptItem:
-    idx: int
-    seq_id: str
-    token_ids: list[int]
-    token_sha256: str
-    messages_json: str
-
-
-def insert_prompts(session: Session, job_id: str, items: Sequence[tuple[Any, str]]) -> None:
-    """Store a job's prompts (``(JobSequence, messages_json)``) in pages."""
-    from sqlalchemy import insert
-
-    from kiln_registry.jobs.core.models import JobSequenceRow
-
-    for start in range(0, len(items), LOOKUP_CHUNK):
-        session.execute(
-            insert(JobSequenceRow),
-            [
-                {"job_id": job_id, "idx": start + i, "seq_id": seq.seq_id,
-                 "token_ids": seq.tokens, "token_sha256": seq.sha256, "messages_json": messages}
-                for i, (seq, messages) in enumerate(items[start : start + LOOKUP_CHUNK])
-            ],
-        )  # fmt: skip
-
-
-def prompt_page(session: Session, job_id: str, *, after: int, limit: int) -> list[PromptItem]:
-    from kiln_registry.jobs.core.models import JobSequenceRow
-
-    rows = session.execute(
-        select(JobSequenceRow.idx, JobSequenceRow.seq_id, JobSequenceRow.token_ids,
-               JobSequenceRow.token_sha256, JobSequenceRow.messages_json)
-        .where(JobSequenceRow.job_id == job_id, JobSequenceRow.idx > after)
-        .order_by(JobSequenceRow.idx)
-        .limit(limit)
-    )  # fmt: skip
-    return [
-        PromptItem(idx, seq_id, [int.from_bytes(data[i : i + 4], "little")
-                                 for i in range(0, len(data), 4)], sha, messages or "[]")
-        for idx, seq_id, data, sha, messages in rows
-    ]  # fmt: skip
+def result_headers(corpus: Path) -> dict[str, str]:
+    """``GET /v1/jobs/{id}/result``'s extra header: Kiln reads every line of this corpus,
+    so its signature is detached (``<corpus>.sig``) and sent beside it."""
+    return {"x-kiln-corpus-signature": detached_signature(corpus)}

@@ -31,12 +31,15 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from kiln_registry.domain.errors import JobInvalid
+from kiln_registry.jobs.core.endpoints import Endpoint, JobTeachers
 from kiln_registry.jobs.core.ordered_pipeline import OrderedPipeline
 from kiln_registry.jobs.core.state import ClaimedJob
 from kiln_registry.jobs.generation import output as out
+from kiln_registry.jobs.generation import repository as prompts_repo
 from kiln_registry.jobs.generation.kiln import KilnRenderer
-from kiln_registry.jobs.generation.output import ExampleContext, ExampleWriter, PromptItem
-from kiln_registry.jobs.generation.sources import GenerationSettings
+from kiln_registry.jobs.generation.output import ExampleContext, ExampleWriter
+from kiln_registry.jobs.generation.repository import PromptItem
+from kiln_registry.jobs.generation.sources import GenerationSettings, student_tokenizer
 from kiln_registry.jobs.generation.wire import Generated, GenerationTarget, KilnTokens, generate
 from kiln_registry.jobs.scoring.sources import check_sequence
 from kiln_registry.jobs.scoring.target import ScoringTarget, score_sequence
@@ -68,21 +71,30 @@ class GenerationPipeline(OrderedPipeline[PromptItem, Generated, ExampleWriter]):
     page_size: ClassVar[int] = PAGE_SIZE
     noun: ClassVar[str] = "prompts"
 
-    def __init__(self, claimed: ClaimedJob, target: GenerationTarget, tokenizer: Any) -> None:
-        settings: GenerationSettings = target.settings
+    def __init__(
+        self, claimed: ClaimedJob, teachers: JobTeachers, settings: GenerationSettings,
+        tokenizer: Any,
+    ) -> None:  # fmt: skip
         super().__init__(
             claimed, use_cache=claimed.env.config.jobs.cache and settings.deterministic
         )
         self.key = (claimed.identity.digest(), cache_settings_key(settings, tokenizer))
-        self.target = target
+        self.teachers = teachers
         self.settings = settings
         job = claimed.job
         self.ctx = ExampleContext(job.id, job.teacher_alias, claimed.identity, settings, tokenizer)
         self.renderer = KilnRenderer.for_tokenizer(tokenizer) if settings.top_k > 0 else None
-        self.scoring = ScoringTarget(
-            wire=target.wire, model_id=target.model_id, secret=target.secret,
-            identity=target.identity, k=settings.top_k, timeout_s=target.timeout_s,
-        )  # fmt: skip
+        model_id = job.teacher_model_id
+        self.targets = [
+            GenerationTarget(wire=e.open_wire(), model_id=model_id, secret=e.secret,
+                             identity=claimed.identity, settings=settings)
+            for e in teachers.endpoints
+        ]  # fmt: skip
+        self.scorings = [
+            ScoringTarget(wire=g.wire, model_id=model_id, secret=g.secret, identity=g.identity,
+                          k=settings.top_k, timeout_s=g.timeout_s)
+            for g in self.targets
+        ]  # fmt: skip
 
     def _open_writer(self, final: Path) -> ExampleWriter:
         signer = self.claimed.env.signer
@@ -90,10 +102,10 @@ class GenerationPipeline(OrderedPipeline[PromptItem, Generated, ExampleWriter]):
         return ExampleWriter(final, self.claimed.identity, signer, tag=self.claim_tag)
 
     def _rows(self, session: Session, after: int) -> list[PromptItem]:
-        return out.prompt_page(session, self.claimed.job.id, after=after, limit=PAGE_SIZE)
+        return prompts_repo.prompt_page(session, self.claimed.job.id, after=after, limit=PAGE_SIZE)
 
     def _lookup(self, session: Session, shas: list[str]) -> dict[str, Generated]:
-        return out.cache_lookup(session, *self.key, shas)
+        return prompts_repo.cache_lookup(session, *self.key, shas)
 
     def _hit(self, row: PromptItem, hits: dict[str, Generated]) -> Generated | None:
         hit = hits.get(row.token_sha256)
@@ -101,18 +113,28 @@ class GenerationPipeline(OrderedPipeline[PromptItem, Generated, ExampleWriter]):
         return None if stale else hit
 
     def _store(self, session: Session, pending: list[tuple[str, Generated]]) -> None:
-        out.cache_store(session, *self.key, pending)
+        prompts_repo.cache_store(session, *self.key, pending)
 
     async def _request(self, row: PromptItem) -> Generated:
-        gen = await generate(
-            self.target, row.token_ids, on_request=self.count_request, on_retry=self.count_retry
-        )
+        async def on(endpoint: Endpoint) -> Generated:
+            return await self._generate(row, endpoint.slot)
+
+        return await self.teachers.call(row.idx, on)
+
+    async def _settle(self, row: PromptItem, result: Generated) -> Generated:
+        """A replica's result is requested again if the replica was fenced meanwhile."""
+        return await self.teachers.settle(row.idx, result, lambda: self._one(row))
+
+    async def _generate(self, row: PromptItem, slot: int) -> Generated:
+        """Generate on endpoint ``slot``; with ``top_k > 0`` score Kiln's tokens there too."""
+        gen = await generate(self.targets[slot], row.token_ids, on_request=self.count_request,
+                             on_retry=self.count_retry)  # fmt: skip
         if self.renderer is None:
             return gen
         return Generated(gen.token_ids, gen.finish_reason, gen.logprobs, gen.top_ids,
-                         gen.top_logprobs, await self._kiln_tokens(row, gen))  # fmt: skip
+                         gen.top_logprobs, await self._kiln_tokens(row, gen, slot))  # fmt: skip
 
-    async def _kiln_tokens(self, row: PromptItem, gen: Generated) -> KilnTokens:
+    async def _kiln_tokens(self, row: PromptItem, gen: Generated, slot: int) -> KilnTokens:
         """Score the conversation as Kiln tokenizes it: one prompt-logprobs pass."""
         assert self.renderer is not None
         where = f"prompt {row.seq_id!r}"
@@ -121,14 +143,14 @@ class GenerationPipeline(OrderedPipeline[PromptItem, Generated, ExampleWriter]):
             self.renderer.sequence, json.loads(row.messages_json), text, where
         )
         try:
-            check_sequence(seq.token_ids, self.target.identity, self.settings.top_k, where)
+            check_sequence(seq.token_ids, self.claimed.identity, self.settings.top_k, where)
         except JobInvalid as exc:
             raise JobInvalid(
                 f"{exc.message} (the conversation as Kiln tokenizes it, to be scored by the"
                 " teacher)", rule="generation.kiln_sequence", hint="lower max_tokens",
             ) from None  # fmt: skip
         scored = await score_sequence(
-            self.scoring, np.asarray(seq.token_ids, dtype=np.int64),
+            self.scorings[slot], np.asarray(seq.token_ids, dtype=np.int64),
             on_request=self.count_request, on_retry=self.count_retry,
         )  # fmt: skip
         rows = [at - 1 for at in seq.positions]
@@ -143,3 +165,14 @@ class GenerationPipeline(OrderedPipeline[PromptItem, Generated, ExampleWriter]):
         writer.write(
             out.encode_example(self.ctx, row.seq_id, row.messages_json, row.token_sha256, result)
         )
+
+
+async def generation_pipeline(claimed: ClaimedJob, teachers: JobTeachers) -> GenerationPipeline:
+    """Phase (d) of an off-policy generation job: its recorded settings, the student's
+    tokenizer (read in a thread), once phases (a) to (c) passed."""
+    job = claimed.job
+    assert job.generation_json is not None, "generation jobs record their settings"
+    settings = GenerationSettings.from_json(job.generation_json)
+    model_dir = claimed.env.config.student.model_path
+    tokenizer = await asyncio.to_thread(student_tokenizer, model_dir)
+    return GenerationPipeline(claimed, teachers, settings, tokenizer)

@@ -27,13 +27,13 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.service import (
-    JobSubmission,
+    JobInput,
     Submitter,
-    _job_row,
-    _read_pin,
     insert_pinned,
+    job_row,
+    read_pin,
 )
-from kiln_registry.jobs.generation.output import insert_prompts
+from kiln_registry.jobs.generation.repository import insert_prompts
 from kiln_registry.jobs.generation.sources import (
     GenerationSettings,
     Prompts,
@@ -41,7 +41,6 @@ from kiln_registry.jobs.generation.sources import (
     inline_prompts,
     student_tokenizer,
 )
-from kiln_registry.jobs.scoring.sources import LoadedSequences
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +74,14 @@ def submit_generation(
     owner: str | None = None,
 ) -> JobRow:
     """Validate and queue a generation job for ``owner``; return its row (detached)."""
-    pin = _read_pin(sessions, sub.teacher)
+    pin = read_pin(sessions, sub.teacher)
     prompts = load_prompts(config, sub, pin.identity)
 
     def write(session: Session, job_id: str) -> JobRow:
-        loaded = LoadedSequences([seq for seq, _ in prompts.items], prompts.token_count,
-                                 prompts.corpus_path, prompts.corpus_sha256)  # fmt: skip
-        row = _job_row(job_id, pin, JobSubmission(sub.teacher, sub.settings.top_k), loaded)
-        row.kind = JobKind.off_policy_generation.value
+        source = JobInput(len(prompts.items), prompts.token_count, prompts.corpus_path,
+                          prompts.corpus_sha256)  # fmt: skip
+        row = job_row(job_id, pin, JobKind.off_policy_generation.value, sub.settings.top_k,
+                      source)  # fmt: skip
         row.generation_json = sub.settings.canonical_json()
         JobRepository(session).insert(row, [])
         insert_prompts(session, job_id, prompts.items)

@@ -31,12 +31,11 @@ from kiln_registry.domain.errors import KilnError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.identity.strict_read import FileProblem, Problem, read_regular_file
-from kiln_registry.jobs.core.signing import PublicKey
+from kiln_registry.jobs.core.signing import PublicKey, signature_path
 from kiln_registry.jobs.generation.output import (
     EXAMPLE_KEYS,
     META_FORMAT,
     META_FORMAT_V1,
-    signature_path,
 )
 from kiln_registry.jobs.scoring import corpus_signed as cv
 from kiln_registry.jobs.scoring.corpus_signed import corpus_error as _error

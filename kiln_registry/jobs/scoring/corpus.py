@@ -28,7 +28,7 @@ both believe they hold a job never share a file), signs the digest once and
 appends the trailer (``seal``: fsync, close); ``publish`` renames it over the
 final name and fsyncs the directory, and the caller runs it inside the
 transaction that proves the claim still holds; ``discard`` removes it.  Reading and
-verifying a corpus is ``jobs.corpus_verify``.
+verifying a corpus is ``jobs.scoring.corpus_verify``.
 
 Imports: standard library, numpy, orjson, ``identity.document`` and
 ``jobs.scoring.cache``/``jobs.core.signing``/``jobs.scoring.sources``.

@@ -2,7 +2,7 @@
 
 A teacher corpus ends with a ``kiln.corpus-trailer.v1`` line; an off-policy
 generation corpus has the same fields in a detached ``<corpus>.sig``.  Both
-verifiers (``jobs.corpus_verify`` for teacher corpora, ``jobs.generation.verify``
+verifiers (``jobs.scoring.corpus_verify`` for teacher corpora, ``jobs.generation.verify``
 for generation corpora) read the trailer fields, check the signature against the
 registry's keys, read the signed bytes line by line through ``SignedBody``
 (bounded, hashed as read) and parse the manifest header with the helpers here.

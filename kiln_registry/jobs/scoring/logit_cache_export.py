@@ -11,7 +11,7 @@ sequence (or any sequence it is a prefix of) asks for is a hit, at any
 ``top_k`` up to the job's K.
 
 ``export_corpus`` reads a signed ``kiln.teacher-scores.v1`` corpus
-(``jobs.corpus_verify`` first: signature and every line), then publishes its
+(``jobs.scoring.corpus_verify`` first: signature and every line), then publishes its
 rows into a cache root directory (merging, ``jobs.scoring.logit_cache_store``) or into
 a ``.tar.gz`` (entries staged in a fresh hidden root beside it, archived by
 Kiln's layout, the staging root removed).  ``produced_at`` defaults to the
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,11 +38,11 @@ import numpy as np
 from kiln_registry.domain.errors import InputError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.core.signing import PublicKey
-from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.scoring.corpus import ROW_FORMAT
 from kiln_registry.jobs.scoring.corpus_signed import (
     MAX_HEADER_BYTES,
     MAX_ROW_BYTES,
+    CorpusSummary,
     SignedBody,
     loads_line,
     read_trailer,
@@ -143,10 +143,12 @@ def publish_corpus(
 
 
 def export_corpus(
-    path: Path, keys: dict[str, PublicKey], to: Path, produced_at: str | None = None
-) -> ExportSummary:
-    """Verify the corpus at ``path`` and publish its rows into ``to`` (see the docstring)."""
-    checked = verify_corpus(path, keys)
+    path: Path, keys: dict[str, PublicKey], to: Path, produced_at: str | None = None, *,
+    verify: Callable[[Path, dict[str, PublicKey]], CorpusSummary],
+) -> ExportSummary:  # fmt: skip
+    """Verify the corpus at ``path`` with ``verify`` (``jobs.kinds.verify_corpus``: any
+    kind's corpus) and publish its rows into ``to`` (see the module docstring)."""
+    checked = verify(path, keys)
     if path.with_name(path.name + ".sig").is_file():
         raise InputError(
             f"{path} is an off-policy generation corpus, which Kiln reads as it is: only"

@@ -1,5 +1,8 @@
 """Phase (d): scoring a claimed job's sequences into its identity-bound corpus.
 
+Requests go to the job's proved endpoints (``jobs.core.endpoints``): its one
+URL, or spread over a replica set's standing replicas with fencing.
+
 Sequences are read from the job in pages; each page's cache hits are looked
 up in one query (only for the job's identity and K).  Misses are scored with
 at most ``[jobs] concurrency`` requests in flight, and results are written in
@@ -31,15 +34,16 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from kiln_registry.domain.errors import JobInvalid
+from kiln_registry.jobs.core.endpoints import Endpoint, JobTeachers
 from kiln_registry.jobs.core.ordered_pipeline import OrderedPipeline
 from kiln_registry.jobs.core.repository import JobRepository, SequenceItem
-from kiln_registry.jobs.core.service import LOGIT_CACHE_OUTPUT
 from kiln_registry.jobs.core.state import ClaimedJob
 from kiln_registry.jobs.scoring import cache as score_cache
 from kiln_registry.jobs.scoring.cache import ScoredSequence
 from kiln_registry.jobs.scoring.corpus import CorpusWriter, RowContext
 from kiln_registry.jobs.scoring.logit_cache import kiln_timestamp
 from kiln_registry.jobs.scoring.logit_cache_export import publish_corpus
+from kiln_registry.jobs.scoring.submit import LOGIT_CACHE_OUTPUT
 from kiln_registry.jobs.scoring.target import ScoringTarget, score_sequence
 
 PAGE_SIZE: Final = 1_000
@@ -57,10 +61,16 @@ class ScoringPipeline(OrderedPipeline[SequenceItem, ScoredSequence, CorpusWriter
     page_size: ClassVar[int] = PAGE_SIZE
     noun: ClassVar[str] = "sequences"
 
-    def __init__(self, claimed: ClaimedJob, target: ScoringTarget) -> None:
+    def __init__(self, claimed: ClaimedJob, teachers: JobTeachers) -> None:
         super().__init__(claimed, use_cache=claimed.env.config.jobs.cache)
         self._key = (claimed.identity.digest(), claimed.job.top_k)
-        self.target = target
+        self.teachers = teachers
+        job = claimed.job
+        self.targets = [
+            ScoringTarget(wire=e.open_wire(), model_id=job.teacher_model_id, secret=e.secret,
+                          identity=claimed.identity, k=job.top_k)
+            for e in teachers.endpoints
+        ]  # fmt: skip
         self.pending = claimed.progress.pending  # the progress counters' uncommitted scores
 
     def _open_writer(self, final: Path) -> CorpusWriter:
@@ -84,9 +94,19 @@ class ScoringPipeline(OrderedPipeline[SequenceItem, ScoredSequence, CorpusWriter
         return hit if hit is not None and hit.row_count == _tokens(row).size else None
 
     async def _request(self, row: SequenceItem) -> ScoredSequence:
-        return await score_sequence(
-            self.target, _tokens(row), on_request=self.count_request, on_retry=self.count_retry
-        )
+        tokens = _tokens(row)
+
+        async def on(endpoint: Endpoint) -> ScoredSequence:
+            target = self.targets[endpoint.slot]
+            return await score_sequence(
+                target, tokens, on_request=self.count_request, on_retry=self.count_retry
+            )
+
+        return await self.teachers.call(row.idx, on)
+
+    async def _settle(self, row: SequenceItem, result: ScoredSequence) -> ScoredSequence:
+        """A replica's result is requested again if the replica was fenced meanwhile."""
+        return await self.teachers.settle(row.idx, result, lambda: self._one(row))
 
     def _requested(self, seconds: float) -> None:
         count = self.claimed.env.count_sequence
@@ -121,3 +141,8 @@ class ScoringPipeline(OrderedPipeline[SequenceItem, ScoredSequence, CorpusWriter
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+
+
+async def scoring_pipeline(claimed: ClaimedJob, teachers: JobTeachers) -> ScoringPipeline:
+    """Phase (d) of a teacher-scoring job, once phases (a) to (c) passed."""
+    return ScoringPipeline(claimed, teachers)

@@ -1,6 +1,6 @@
 """Verifying an identity-bound teacher corpus (layout in ``jobs.scoring.corpus``) line by line.
 
-``verify_corpus(path, keys)`` first checks the signature trailer: the last
+``verify_scoring_corpus(path, keys)`` first checks the signature trailer: the last
 line must be a byte-exact ``kiln.corpus-trailer.v1`` line (a corpus without
 one is refused as unsigned, ``corpus.unsigned``), signed by one of ``keys``
 (``corpus.unknown_key``) with a valid Ed25519 signature over its SHA-256
@@ -21,11 +21,12 @@ identity is still registered is the caller's question (``kiln corpus
 verify`` asks the server).
 
 Refusals are ``InputError`` with ``rule="corpus.<name>"`` naming the line.
-The trailer, header and signed-byte reading are ``jobs.scoring.corpus_signed``'s; a
-corpus with a detached ``.sig`` goes to ``jobs.generation.verify``.
+The trailer, header and signed-byte reading are ``jobs.scoring.corpus_signed``'s;
+``jobs.kinds.verify_corpus`` sends a corpus with a detached ``.sig`` to
+``jobs.generation.verify`` instead.
 Imports: standard library, numpy, ``kiln_registry.domain.errors``,
-``identity.document`` and ``jobs.scoring.corpus``/``corpus_signed``/``generation_verify``/
-``signing``/``sources``.
+``identity.document`` and ``jobs.scoring.corpus``/``corpus_signed``/``sources``,
+``jobs.core.signing``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import numpy as np
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.core.signing import PublicKey
-from kiln_registry.jobs.generation.verify import verify_generation_corpus
 from kiln_registry.jobs.scoring.corpus import (
     ROW_FORMAT,
     ROW_KEYS,
@@ -169,16 +169,14 @@ def _check_lines(body: SignedBody) -> _LineChecker:
     return checker
 
 
-def verify_corpus(
+def verify_scoring_corpus(
     path: Path, keys: dict[str, PublicKey], on_progress: Progress | None = None
 ) -> CorpusSummary:
     """Check the trailer against ``keys``, then every line; see the module docstring.
 
-    A corpus with a detached ``<corpus>.sig`` is an off-policy generation corpus
-    (``jobs.generation.verify``), which Kiln reads directly.
+    ``jobs.kinds.verify_corpus`` sends a corpus here unless it has a detached
+    ``<corpus>.sig`` (an off-policy generation corpus, ``jobs.generation.verify``).
     """
-    if path.with_name(path.name + ".sig").is_file():
-        return verify_generation_corpus(path, keys, on_progress)
     try:
         handle = path.open("rb")
     except OSError as exc:

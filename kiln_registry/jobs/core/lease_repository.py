@@ -1,4 +1,4 @@
-"""Exclusive device leases: one job per ``[jobs] devices`` entry of one worker host.
+"""Exclusive device leases, one job per ``[jobs] devices`` entry of a host: their SQL.
 
 A lease is a ``device_leases`` row whose primary key is ``(host, device)``
 (the host name of the worker that took it), so two jobs can never hold one
