@@ -6,10 +6,13 @@ credential id and model id), else the job fails "deleted or replaced after
 submission"; (b) both probes run against the pinned spec through the one
 probing seam (``teachers.probing.run_probes`` with ``pinned``, the job probe
 timeout, the job limiter) and the discovered identity must be the pinned one
-(``same_identity``); each probe leaves a scrubbed receipt on the alias;
-(c) only then is a device leased and the score cache opened; (d)
-``jobs.scoring.pipeline`` (or ``jobs.generation.pipeline``) runs.  A failure in (a) or (b)
-leaves the cache untouched and no lease taken.  Each phase's timestamp is
+(``same_identity``); each probe leaves a scrubbed receipt on the alias; on
+a replica-set alias every verified replica is proved at once, and those that
+fail are fenced (``jobs.core.endpoints``); (c) only then is a device leased
+and the score cache opened; (d) the pipeline of the job's kind
+(``jobs.kinds``) runs over the proved endpoints, spread over every proved
+replica whatever the kind.  A failure in (a) or (b) leaves the cache
+untouched and no lease taken.  Each phase's timestamp is
 recorded on the job.  Before (a) the worker waits until some device is free,
 and if the lease is lost to another job after the probes, it waits and runs
 (a) and (b) again, so the probes are always fresh when scoring starts.
@@ -38,7 +41,8 @@ from kiln_registry.domain.vocabulary import JobStatus
 from kiln_registry.identity.document import same_identity
 from kiln_registry.jobs.core.endpoints import EXHAUSTED_RULE, JobTeachers, verified_replicas
 from kiln_registry.jobs.core.models import JobRow
-from kiln_registry.jobs.core.repository import JobRepository, fence_replica
+from kiln_registry.jobs.core.registry_repository import fence_replica
+from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.service import PinnedTeacher, pin_teacher
 from kiln_registry.jobs.core.state import ClaimedJob, ClaimLost, JobCancelled, JobEnvironment
 from kiln_registry.jobs.kinds import JobPipeline, job_kind

@@ -13,7 +13,7 @@ from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import OPEN, SYSTEM
 from kiln_registry.api.schemas import HealthResponse, LegacyRegistryReport, ReadyResponse
 from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
-from kiln_registry.jobs.core.repository import registry_counts
+from kiln_registry.jobs.core.registry_repository import registry_counts
 from kiln_registry.observability.metrics import CONTENT_TYPE, StateSnapshot
 
 router = APIRouter(tags=["system"])

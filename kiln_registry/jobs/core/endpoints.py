@@ -20,7 +20,7 @@ standing when the answer was written.  The job fails closed
 remains.
 
 A fence is also recorded on the alias's ``teacher_replicas`` row through the
-caller's hook (``jobs.core.repository.fence_replica``), so the entry shows
+caller's hook (``jobs.core.registry_repository.fence_replica``), so the entry shows
 it and later jobs skip the replica until a re-probe proves it again.
 
 Imports: standard library, ``kiln_registry.db.models``/``domain``/

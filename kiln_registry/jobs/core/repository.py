@@ -14,13 +14,10 @@ instead of waiting.  A claim is a lease: a fresh claim token, the worker's
 ``queued`` (any worker, at start and in its claim loop).  Every later change
 by a worker is conditional on its claim token (``update_claimed``), so a
 worker that lost its claim (lease taken over, cancellation of a queued job)
-changes nothing.  Two reads and writes beside the queue live here too: a job's
-fence of a replica on the alias's ``teacher_replicas`` row (``fence_replica``)
-and the ``/metrics`` gauges' counts (``registry_counts``).
+changes nothing.
 
 Imports: the standard library, SQLAlchemy, ``kiln_registry.db.models`` (the
-timestamp, teacher rows), ``jobs.core.models`` and ``kiln_registry.domain`` (errors,
-text, vocabulary).
+timestamp), ``jobs.core.models`` and ``kiln_registry.domain`` (errors, text, vocabulary).
 """
 
 from __future__ import annotations
@@ -30,23 +27,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple, cast
 
 from sqlalchemy import ColumnElement, CursorResult, delete, func, insert, select, update
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.orm import Session
 
-from kiln_registry.db.models import (
-    TIMESTAMP_FORMAT,
-    TeacherReplicaRow,
-    TeacherRow,
-    utc_timestamp,
-)
+from kiln_registry.db.models import TIMESTAMP_FORMAT, utc_timestamp
 from kiln_registry.domain.errors import InputError, JobConflict, JobNotFound
 from kiln_registry.domain.text import clipped
-from kiln_registry.domain.vocabulary import (
-    ACTIVE_JOB_STATUSES,
-    TERMINAL_JOB_STATUSES,
-    JobStatus,
-    TeacherStatus,
-)
-from kiln_registry.jobs.core.models import JOB_STATUSES, DeviceLeaseRow, JobRow, JobSequenceRow
+from kiln_registry.domain.vocabulary import ACTIVE_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
+from kiln_registry.jobs.core.models import JOB_STATUSES, JobRow, JobSequenceRow
 
 MAX_LIST_LIMIT: Final = 1_000
 MAX_PAGE: Final = 10_000
@@ -68,8 +55,6 @@ DEFAULT_LEASE_TIMEOUT_S: Final = 30.0
 
 # PostgreSQL's spelling of TIMESTAMP_FORMAT (fixed width, microseconds, "Z").
 _PG_TIMESTAMP_FORMAT: Final = 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'
-
-FENCE_REASON_CHARS: Final = 300  # a fence's reason as recorded on the replica (x2)
 
 
 def lease_expiry(timeout_s: float) -> str:
@@ -373,28 +358,3 @@ class JobRepository:
             .limit(limit)
         )
         return [SequenceItem(*row) for row in self._session.execute(query)]
-
-
-def fence_replica(session: Session, alias: str, idx: int, job_id: str, reason: str) -> None:
-    """The alias's replica is ``unavailable``: fenced by ``job_id`` for ``reason`` (no secret)."""
-    replica = session.get(TeacherReplicaRow, (alias, idx))
-    if replica is None:
-        return  # the alias was deleted meanwhile
-    replica.status = "unavailable"
-    replica.status_message = clipped(f"fenced by job {job_id}: {reason}", 2 * FENCE_REASON_CHARS)
-    replica.checked_at = utc_timestamp()
-
-
-def _grouped(session: Session, column: InstrumentedAttribute[str]) -> dict[str, int]:
-    rows = session.execute(select(column, func.count()).group_by(column)).all()
-    return {str(key): int(count) for key, count in rows}
-
-
-def registry_counts(session: Session) -> tuple[dict[str, int], dict[str, int], int]:
-    """``(teachers by status, jobs by status, device leases held)`` behind the ``/metrics``
-    gauges: every status (zero included), each with one grouped ``SELECT``."""
-    teachers = dict.fromkeys([s.value for s in TeacherStatus], 0)
-    teachers |= _grouped(session, TeacherRow.status)
-    jobs = dict.fromkeys([s.value for s in JobStatus], 0) | _grouped(session, JobRow.status)
-    leases = int(session.scalar(select(func.count()).select_from(DeviceLeaseRow)) or 0)
-    return teachers, jobs, leases

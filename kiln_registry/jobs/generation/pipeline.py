@@ -2,7 +2,9 @@
 
 Prompts are read in pages; with deterministic settings each page's cache
 hits are looked up in one query.  Misses are generated with at most ``[jobs]
-concurrency`` requests in flight and written in input order through a
+concurrency`` requests in flight (spread over a replica set's proved
+replicas, ``jobs.core.endpoints``; with ``top_k > 0`` a prompt's scoring
+request goes to the replica that generated it) and written in input order through a
 bounded reorder window.  Verified generations are committed to the cache in
 small batches with the progress counters.  When any answer fails (a changed
 fingerprint above all) every outstanding request is cancelled, the unflushed
