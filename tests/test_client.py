@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.api.schemas import TeacherStatus
 from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.domain.errors import InputError
 from kiln_registry.testing.tiny_models import TinyModel
+from kiln_registry.wire.teachers import TeacherStatus
 from tests.helpers import free_port, serve_reference_teacher
 from tests.probe.teacher_server import Reply, Request, TeacherServer
 

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE, KILN_TEXT_ONLY_NOTE
 from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
@@ -20,6 +19,7 @@ from kiln_registry.jobs.corpus_verify import verify_corpus
 from kiln_registry.jobs.generation_output import signature_path
 from kiln_registry.jobs.models import GenerationCacheRow
 from kiln_registry.jobs.signing import parse_keys
+from kiln_registry.wire.jobs import KILN_SMALL_K_NOTE, KILN_TEXT_ONLY_NOTE
 from tests.jobs.generation_harness import (
     CHAT_MODEL_ID,
     MESSAGES,
