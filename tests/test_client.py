@@ -33,7 +33,7 @@ def serve_registry(tmp: Path, student: Path) -> Iterator[str]:
     import uvicorn
 
     from kiln_registry.api.app import create_app
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
     from kiln_registry.reference_teacher.app import bind_socket
     from kiln_registry.serve.startup import build_context
 

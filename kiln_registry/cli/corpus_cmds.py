@@ -152,7 +152,7 @@ def _corpus_export(args: argparse.Namespace) -> int:
 
 
 def _local_keys(config_path: Path) -> list[PublicKey]:
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
     from kiln_registry.jobs.signing import key_path, load_signer
 
     config = load_config(config_path)

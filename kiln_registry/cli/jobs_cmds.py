@@ -167,7 +167,7 @@ def _result(args: argparse.Namespace) -> int:
 
 
 def _open_database(config_path: Path) -> Any:
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
     from kiln_registry.db.opening import open_database, require_head
 
     engine = open_database(load_config(config_path).server, create=False)
