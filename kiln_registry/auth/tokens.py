@@ -11,8 +11,9 @@ and ``admin`` (everything, including the audit log and alias release).
 
 ``TokenIdentity`` is the caller an authenticated request carries in its ASGI
 scope (``scope["state"]["kiln_token"]``); its repr names the token, never the
-secret.  Imports the standard library, ``domain.errors`` and the token shape
-(``well_formed``) and its redaction from ``credentials.redaction``.
+secret.  Whether text has a token's shape is ``credentials.redaction.well_formed``
+(the client checks it too).  Imports the standard library, ``domain.errors`` and
+the token shape and its redaction from ``credentials.redaction``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Final
 
-from kiln_registry.credentials.redaction import MAX_TOKEN_CHARS as MAX_TOKEN_CHARS
 from kiln_registry.credentials.redaction import TOKEN_PATTERN as TOKEN_PATTERN
 from kiln_registry.credentials.redaction import TOKEN_PREFIX as TOKEN_PREFIX
 from kiln_registry.credentials.redaction import redact_tokens as redact_tokens
-from kiln_registry.credentials.redaction import well_formed as well_formed
 from kiln_registry.domain.errors import InputError
 
 TOKEN_RANDOM_BYTES: Final = 32

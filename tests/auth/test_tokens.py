@@ -15,8 +15,8 @@ from kiln_registry.auth.tokens import (
     generate_token,
     redact_tokens,
     token_digest,
-    well_formed,
 )
+from kiln_registry.credentials.redaction import well_formed
 from kiln_registry.domain.errors import InputError
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO, write_config
