@@ -26,8 +26,8 @@ from typing import Any
 
 from sqlalchemy import Engine, MetaData, select
 
+from kiln_registry.config.database import PostgresDatabase
 from kiln_registry.config.settings import ServerConfig
-from kiln_registry.db.location import PostgresDatabase
 from kiln_registry.db.opening import open_database
 from tests.pg_server import active_server, database_settings, selected_backend
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.api.schemas import TeacherStatus
 from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.domain.errors import InputError
 from kiln_registry.testing.tiny_models import TinyModel
+from kiln_registry.wire.teachers import TeacherStatus
 from tests.helpers import free_port, serve_reference_teacher
 from tests.probe.teacher_server import Reply, Request, TeacherServer
 
@@ -33,7 +33,7 @@ def serve_registry(tmp: Path, student: Path) -> Iterator[str]:
     import uvicorn
 
     from kiln_registry.api.app import create_app
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
     from kiln_registry.reference_teacher.app import bind_socket
     from kiln_registry.serve.startup import build_context
 

@@ -11,8 +11,8 @@ import pydantic
 import pytest
 
 from kiln_registry.config.kiln import KilnServerKeys
+from kiln_registry.config.loader import MAX_CONFIG_BYTES, check_startup_environment, load_config
 from kiln_registry.config.settings import (
-    MAX_CONFIG_BYTES,
     CredentialConfig,
     JobsConfig,
     KilnConfig,
@@ -20,9 +20,7 @@ from kiln_registry.config.settings import (
     ServerConfig,
     StudentConfig,
     TeachersConfig,
-    check_startup_environment,
     default_database_path,
-    load_config,
 )
 from kiln_registry.domain.errors import ConfigError
 

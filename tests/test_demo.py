@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kiln_registry.cli.demo_cmds import render_result
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.demo.run import (
     COMPLETE_NAME,
     MODEL_DIR_NAME,

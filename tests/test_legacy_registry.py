@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.legacy import LEGACY_NO_IDENTITY_MESSAGE, LEGACY_STATUS_MESSAGE
 from kiln_registry.db.models import TeacherRow

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.domain.errors import ConfigError
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.launcher.supervisor import ProcessGroup

@@ -225,7 +225,7 @@ def setup(tmp_path: Path, tiny_model: TinyModel) -> Setup:
 
 
 def test_profile_becomes_launcher_flags_on_loopback(setup: Setup) -> None:
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
     from kiln_registry.launcher.policy import parse_launcher_argv, request_from_flags
 
     profile = load_config(setup.config).teachers.local[PROFILE]

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from kiln_registry.cli.main import run as kiln
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.domain.errors import ConfigError
 from kiln_registry.serve.startup import prepare
 from kiln_registry.testing.tiny_models import TinyModel

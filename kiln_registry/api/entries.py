@@ -20,7 +20,13 @@ never opens a session, a socket or FastAPI.
 
 from __future__ import annotations
 
-from kiln_registry.api.schemas import (
+from kiln_registry.db.models import TeacherRow
+from kiln_registry.domain.errors import RELEASE_NOTE
+from kiln_registry.domain.vocabulary import TeacherStatus as StoredStatus
+from kiln_registry.identity.document import TeacherIdentity
+from kiln_registry.identity.off_policy import off_policy_manifest
+from kiln_registry.teachers.rows import stored_identity
+from kiln_registry.wire.teachers import (
     LogitSourceCaps,
     RemoteProvider,
     ReplicaStatus,
@@ -31,12 +37,6 @@ from kiln_registry.api.schemas import (
     TeacherSpec,
     TeacherStatus,
 )
-from kiln_registry.db.models import TeacherRow
-from kiln_registry.domain.errors import RELEASE_NOTE
-from kiln_registry.domain.vocabulary import TeacherStatus as StoredStatus
-from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.identity.off_policy import off_policy_manifest
-from kiln_registry.teachers.rows import stored_identity
 
 LEGACY_MESSAGE = (
     "this alias was migrated from an older registry without a verified identity; delete it"

@@ -11,7 +11,7 @@ written back as integers (the signed 64-bit extremes, which a float cannot
 hold, are restored exactly).  Every request and response body gets an
 example (``api.examples``; an error response one per error code), and the
 NDJSON corpus of ``GET /v1/jobs/{id}/result`` is described as a binary body
-whose lines are the component schemas of ``api.corpus_schemas``, named in
+whose lines are the component schemas of ``wire.corpus``, named in
 ``x-ndjson-line-schema``.  Every operation names what it needs: the bearer
 scheme ``bearerAuth`` with the token scope in ``x-kiln-scope`` (the rule of
 ``auth.scopes``, as served with the default ``metrics_public = false``), or an
@@ -19,7 +19,7 @@ empty ``security`` list for the open routes; and each can answer ``431``
 (``serve.guard``'s bound on the request head, plain text).  ``install_openapi``
 replaces ``app.openapi`` with a generator that drops those entries and caches
 the result as FastAPI does.  Imports FastAPI, pydantic, ``api.examples``,
-``api.corpus_schemas`` and ``auth.scopes``.
+``wire.corpus`` and ``auth.scopes``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from kiln_registry.api.corpus_schemas import LINE_MODELS, LINE_MODELS_DESCRIPTION, NDJSON
 from kiln_registry.api.examples import (
     METRICS_EXAMPLE,
     body_examples,
@@ -39,6 +38,7 @@ from kiln_registry.api.examples import (
 )
 from kiln_registry.auth.scopes import required_scope
 from kiln_registry.version import package_version
+from kiln_registry.wire.corpus import LINE_MODELS, LINE_MODELS_DESCRIPTION, NDJSON
 
 UNUSED_SCHEMAS = ("HTTPValidationError", "ValidationError")
 

@@ -23,11 +23,11 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from kiln_registry.api.errors import invalid_code
-from kiln_registry.api.jobs_schemas import MAX_INLINE_SEQUENCES, MAX_INLINE_TOKENS
 from kiln_registry.api.limits import MAX_JOB_REQUEST_BYTES, request_caller
 from kiln_registry.domain.errors import IdentityError, KilnError
 from kiln_registry.identity.canonical import strict_json_loads
 from kiln_registry.probe.client import PROBE_CALLER, ProbeCaller
+from kiln_registry.wire.jobs import MAX_INLINE_SEQUENCES, MAX_INLINE_TOKENS
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 # Every item of a valid body is a token, a sequence or one of a few fields.

@@ -28,21 +28,21 @@ from kiln_registry.api.paging import (
     encode_cursor,
     encode_key,
 )
-from kiln_registry.api.schemas import (
+from kiln_registry.api.schemas import RegisterTeacherRequest
+from kiln_registry.db.models import TeacherRow
+from kiln_registry.db.repository import TeacherRepository
+from kiln_registry.teachers import registration
+from kiln_registry.teachers.rows import load_row, stored_identity
+from kiln_registry.wire.teachers import (
     DeleteTeacherResponse,
     ProbeOutcome,
     ProbeReceipt,
     ProbeReportPublic,
     ReceiptsResponse,
-    RegisterTeacherRequest,
     TeacherEntry,
     TeachersListResponse,
     TeacherStatus,
 )
-from kiln_registry.db.models import TeacherRow
-from kiln_registry.db.repository import TeacherRepository
-from kiln_registry.teachers import registration
-from kiln_registry.teachers.rows import load_row, stored_identity
 
 
 def _live(ctx: RegistryContext, row: TeacherRow) -> tuple[str | None, ReadChecks]:

@@ -8,8 +8,8 @@ another replica, or ``kiln tokens revoke`` in another process) commits, and
 any change reloads the table, so a revocation applies to the next
 request.  Last-used times are kept here and handed out for a batched write at
 most once a minute per token (``due_last_used``).  Imports the standard
-library, ``db.data_version`` and ``auth.tokens``/``auth.repository`` (for
-its one SELECT).
+library, ``db.data_version``, ``credentials.redaction`` (the token shape) and
+``auth.tokens``/``auth.repository`` (for its one SELECT).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import time
 from typing import Final
 
 from kiln_registry.auth.repository import TOKENS_SNAPSHOT, parse_time
-from kiln_registry.auth.tokens import TokenIdentity, token_digest, well_formed
+from kiln_registry.auth.tokens import TokenIdentity, token_digest
+from kiln_registry.credentials.redaction import well_formed
 from kiln_registry.db.data_version import VersionReader, VersionUnreadable
 
 LAST_USED_INTERVAL_S: Final = 60.0

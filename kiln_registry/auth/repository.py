@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
 from sqlalchemy import CursorResult, delete, func, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kiln_registry.auth.models import AuditEventRow, ReservedAliasRow, TokenRow
@@ -26,7 +25,7 @@ from kiln_registry.auth.tokens import (
     token_digest,
 )
 from kiln_registry.db.models import TIMESTAMP_FORMAT, utc_timestamp
-from kiln_registry.db.repository import is_unique_violation
+from kiln_registry.db.repository import add_unless_duplicate
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.text import quoted
 
@@ -80,15 +79,10 @@ class TokenRepository:
             created_at=now.strftime(TIMESTAMP_FORMAT),
             expires_at=expires,
         )
-        try:
-            with self._session.begin_nested():
-                self._session.add(row)
-        except IntegrityError as exc:
-            if not is_unique_violation(exc):
-                raise
+        if not add_unless_duplicate(self._session, row):
             raise TokenNameExists(
                 f"a token named {name!r} exists", hint="revoke it first, or pick another name"
-            ) from None
+            )
         return token
 
     def list_all(self) -> list[TokenRow]:

@@ -11,8 +11,9 @@ and ``admin`` (everything, including the audit log and alias release).
 
 ``TokenIdentity`` is the caller an authenticated request carries in its ASGI
 scope (``scope["state"]["kiln_token"]``); its repr names the token, never the
-secret.  Imports the standard library, ``domain.errors`` and the token shape
-and its redaction from ``credentials.redaction``.
+secret.  Whether text has a token's shape is ``credentials.redaction.well_formed``
+(the client checks it too).  Imports the standard library, ``domain.errors`` and
+the token shape and its redaction from ``credentials.redaction``.
 """
 
 from __future__ import annotations
@@ -29,12 +30,10 @@ from kiln_registry.credentials.redaction import redact_tokens as redact_tokens
 from kiln_registry.domain.errors import InputError
 
 TOKEN_RANDOM_BYTES: Final = 32
-MAX_TOKEN_CHARS: Final = 256
 SCOPES: Final = ("read", "register", "jobs", "admin")
 MAX_NAME_CHARS: Final = 64
 MAX_EXPIRES_DAYS: Final = 3650
 _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_TOKEN: Final = re.compile(r"^kiln_[A-Za-z0-9_-]{43,251}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +50,6 @@ class TokenIdentity:
 def generate_token() -> str:
     """A fresh token: ``kiln_`` + 256 random bits, URL-safe."""
     return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_RANDOM_BYTES)
-
-
-def well_formed(token: str) -> bool:
-    """True for text shaped like a token (prefix, alphabet, length); says nothing of validity."""
-    return len(token) <= MAX_TOKEN_CHARS and _TOKEN.fullmatch(token) is not None
 
 
 def token_digest(token: str) -> str:

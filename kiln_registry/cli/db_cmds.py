@@ -28,10 +28,10 @@ from typing import Any
 from sqlalchemy import Engine
 
 from kiln_registry.cli.argtypes import env_name
-from kiln_registry.config.settings import check_startup_environment, load_config
+from kiln_registry.config.database import PostgresDatabase
+from kiln_registry.config.loader import check_startup_environment, load_config
 from kiln_registry.db.copy import copy_database, parse_location
 from kiln_registry.db.engine import current_revision, database_label, open_engine
-from kiln_registry.db.location import PostgresDatabase
 from kiln_registry.db.opening import ensure_schema, open_database, require_head
 from kiln_registry.domain.errors import ConfigError
 

@@ -25,8 +25,8 @@ def _progress(text: str) -> None:
 
 
 def render_result(result: dict[str, Any]) -> str:
-    from kiln_registry.api.schemas import TeacherEntry
     from kiln_registry.cli.teachers_cmds import printable, render_entry
+    from kiln_registry.wire.teachers import TeacherEntry
 
     entry = TeacherEntry.model_validate(result["entry"])
     manifest = json.loads(result["off_policy_manifest"])

@@ -52,7 +52,7 @@ def count(text: str) -> int:
 
 
 def _options(args: argparse.Namespace) -> EndpointOptions:
-    from kiln_registry.config.settings import check_startup_environment, load_config
+    from kiln_registry.config.loader import check_startup_environment, load_config
     from kiln_registry.endpoint.admission import Limits
     from kiln_registry.endpoint.startup import EndpointOptions, ListenOptions
 

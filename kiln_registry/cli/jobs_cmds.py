@@ -13,7 +13,7 @@ directories created) or copied to stdout.  ``cache stats`` and
 
 Failures are ``KilnError``s: ``kiln`` prints one line and exits 2.  Imports:
 standard library, ``kiln_registry.client.sync``/``config``/``db``/``domain``,
-``cli.server_options``, ``api.jobs_schemas`` and ``jobs``; never FastAPI or torch.
+``cli.server_options``, ``wire.jobs`` and ``jobs``; never FastAPI or torch.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.api.jobs_schemas import JobPublic, JobsListResponse
 from kiln_registry.cli.server_options import (
     MAX_TIMEOUT_SECONDS,
     number,
@@ -38,6 +37,7 @@ from kiln_registry.client.sync import RegistryClient
 from kiln_registry.domain.errors import InputError
 from kiln_registry.domain.vocabulary import JobKind, JobStatus
 from kiln_registry.observability.progress import ProgressBar
+from kiln_registry.wire.jobs import JobPublic, JobsListResponse
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 MAX_SEQUENCES_FILE = 64 << 20
@@ -167,7 +167,7 @@ def _result(args: argparse.Namespace) -> int:
 
 
 def _open_database(config_path: Path) -> Any:
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
     from kiln_registry.db.opening import open_database, require_head
 
     engine = open_database(load_config(config_path).server, create=False)

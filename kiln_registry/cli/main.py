@@ -2,7 +2,8 @@
 
 Each command group lives in its own module under ``kiln_registry.cli`` and
 exposes ``register(subparsers)``; a registered command sets ``func`` to a
-callable taking the parsed namespace and returning an exit status.  Any
+callable taking the parsed namespace and returning an exit status.  A listed
+module that cannot be imported is an error, not a missing command.  Any
 ``KilnError`` becomes one line on stderr and exit status 2.  ``kiln
 --version`` prints the package version; ``kiln completion bash|zsh`` prints a
 completion script generated from this very parser (``shtab``), so it never
@@ -17,13 +18,15 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.version import package_version
 
-# Command-group modules, in the order their commands appear in --help.  A
-# module that is not present yet (a later issue) is skipped, never faked.
+# Command-group modules, in the order their commands appear in --help.  Each
+# must import: one that does not is an error (``cli.command_module``), never a
+# command silently missing from the tree.
 COMMAND_MODULES: tuple[str, ...] = (
     "kiln_registry.cli.identity_cmds",
     "kiln_registry.cli.fingerprint_cmds",
@@ -72,31 +75,44 @@ def _register_completion(sub: Any) -> None:
     p.set_defaults(func=_completion)
 
 
+def _command_module(name: str) -> ModuleType:
+    """The command-group module ``name``; one that cannot be imported is a ``KilnError``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise KilnError(
+            f"the command module {name} cannot be imported ({type(exc).__name__}: {exc})",
+            rule="cli.command_module",
+            hint="the installation is incomplete: reinstall kiln-registry with its dependencies",
+        ) from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kiln", description="kiln-registry: trusted teachers for Kiln OPD.")
     parser.add_argument("--version", action="version", version=f"kiln {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+        _command_module(name).register(sub)
     _register_completion(sub)
     return parser
 
 
+def _failed(exc: KilnError) -> int:
+    sys.stderr.write(f"kiln: error: {exc.one_line()}\n")
+    return 2
+
+
 def run(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except KilnError as exc:
+        return _failed(exc)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
     except KilnError as exc:
-        sys.stderr.write(f"kiln: error: {exc.one_line()}\n")
-        return 2
+        return _failed(exc)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.engine import session_factory
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.legacy.registry import import_legacy_registry

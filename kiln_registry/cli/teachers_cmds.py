@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.api.schemas import ProbeReportPublic, TeacherEntry
 from kiln_registry.cli.argtypes import env_name
 from kiln_registry.cli.server_options import number, registry_client, server_options
 from kiln_registry.domain.errors import InputError
 from kiln_registry.domain.text import clipped
 from kiln_registry.domain.vocabulary import TEACHER_KINDS_REMOTE_FIRST
+from kiln_registry.wire.teachers import ProbeReportPublic, TeacherEntry
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 REVISION_PREFIX = 12

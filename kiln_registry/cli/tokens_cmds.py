@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from kiln_registry.auth.repository import AuditBounds, AuditRepository, TokenRepository
 from kiln_registry.auth.tokens import SCOPES, check_scopes
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.engine import session_factory
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.repository import unit_of_work

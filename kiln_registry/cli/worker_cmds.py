@@ -35,7 +35,7 @@ def _worker(args: argparse.Namespace) -> int:
     import os
 
     from kiln_registry.auth.serving import install_token_redaction
-    from kiln_registry.config.settings import check_startup_environment, load_config
+    from kiln_registry.config.loader import check_startup_environment, load_config
     from kiln_registry.db.engine import database_label, session_factory
     from kiln_registry.db.opening import open_database, require_head
     from kiln_registry.jobs.environment import student_view

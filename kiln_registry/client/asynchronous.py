@@ -19,11 +19,11 @@ from typing import ClassVar, TypeVar
 
 import httpx
 
-from kiln_registry.api.jobs_schemas import JobPublic
-from kiln_registry.api.schemas import TeacherEntry
 from kiln_registry.client import base as base
 from kiln_registry.client import ops as ops
 from kiln_registry.client.core import Awaiting, BoundedBody, translate_errors
+from kiln_registry.wire.jobs import JobPublic
+from kiln_registry.wire.teachers import TeacherEntry
 
 T = TypeVar("T")
 

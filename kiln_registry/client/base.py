@@ -29,15 +29,13 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kiln_registry.api.jobs_schemas import JOB_ID_PATTERN, JobPublic
-from kiln_registry.api.schemas import (
-    ErrorResponse,
-)
 from kiln_registry.client.tls import check_token, tls_context, tls_refusal, token_from_env
 from kiln_registry.domain.aliases import alias_path_segment, alias_problem
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.text import error_location, line_excerpt, quoted
 from kiln_registry.domain.vocabulary import TERMINAL_JOB_STATUSES
+from kiln_registry.wire.jobs import JOB_ID_PATTERN, JobPublic
+from kiln_registry.wire.system import ErrorResponse
 
 DEFAULT_SERVER = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 60.0

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln_registry.api.jobs_schemas import JobPublic
 from kiln_registry.client.base import TERMINAL, AwaitingClient, BlockingClient, Request, invalid
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.vocabulary import JobKind
+from kiln_registry.wire.jobs import JobPublic
 
 if TYPE_CHECKING:
     from kiln_registry.jobs.scoring.corpus_signed import CorpusSummary

@@ -18,23 +18,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kiln_registry.api.admin_schemas import AuditEvent, AuditResponse, ReleaseResponse
-from kiln_registry.api.jobs_schemas import (
-    DeleteJobResponse,
-    JobPublic,
-    JobsListResponse,
-    JobStatus,
-)
-from kiln_registry.api.schemas import (
-    DeleteTeacherResponse,
-    HealthResponse,
-    ProbeReceipt,
-    ProbeReportPublic,
-    ReadyResponse,
-    ReceiptsResponse,
-    TeacherEntry,
-    TeachersListResponse,
-)
 from kiln_registry.client.base import (
     MAX_RESULT_BYTES,
     AwaitingClient,
@@ -49,6 +32,17 @@ from kiln_registry.client.base import (
 from kiln_registry.client.jobs import Download, ProgressCallback, Waiter
 from kiln_registry.domain.errors import InputError
 from kiln_registry.domain.vocabulary import JobKind
+from kiln_registry.wire.admin import AuditEvent, AuditResponse, ReleaseResponse
+from kiln_registry.wire.jobs import DeleteJobResponse, JobPublic, JobsListResponse, JobStatus
+from kiln_registry.wire.system import HealthResponse, ReadyResponse
+from kiln_registry.wire.teachers import (
+    DeleteTeacherResponse,
+    ProbeReceipt,
+    ProbeReportPublic,
+    ReceiptsResponse,
+    TeacherEntry,
+    TeachersListResponse,
+)
 
 
 def _query(**params: object) -> str:

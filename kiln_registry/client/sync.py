@@ -31,8 +31,6 @@ from typing import BinaryIO, ClassVar, TypeVar
 
 import httpx
 
-from kiln_registry.api.jobs_schemas import JobPublic
-from kiln_registry.api.schemas import TeacherEntry
 from kiln_registry.client import base as base
 from kiln_registry.client import ops as ops
 from kiln_registry.client.base import (
@@ -46,6 +44,8 @@ from kiln_registry.client.base import (
 )
 from kiln_registry.client.core import Blocking, BoundedBody, translate_errors
 from kiln_registry.client.jobs import DownloadedCorpus
+from kiln_registry.wire.jobs import JobPublic
+from kiln_registry.wire.teachers import TeacherEntry
 
 __all__ = [
     "DEFAULT_SERVER",

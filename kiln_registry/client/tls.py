@@ -14,7 +14,8 @@ connection right after the handshake (uvicorn sends no TLS alert, so this is
 the only sign: no client certificate, or one it does not accept); a server
 certificate the trust store does not know.
 ``client.base.unreachable`` asks it about the exception being handled.
-Imports the standard library, httpx, ``auth.tokens`` and errors only.
+Imports the standard library, httpx, ``credentials.redaction`` (the token shape) and
+errors only.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Final
 
 import httpx
 
-from kiln_registry.auth.tokens import well_formed
+from kiln_registry.credentials.redaction import well_formed
 from kiln_registry.domain.errors import InputError
 
 TOKEN_ENV: Final = "KILN_TOKEN"

@@ -7,7 +7,8 @@ strings (teacher error bodies, messages); ``SecretRedactionFilter`` is a
 ``logging.Filter`` for records; ``install_redaction`` attaches one filter to
 the root and uvicorn loggers and their handlers.  ``redact_tokens`` replaces
 anything shaped like a registry API token (``kiln_`` + URL-safe characters;
-``auth.tokens`` mints them) with ``kiln_[redacted]``.
+``auth.tokens`` mints them) with ``kiln_[redacted]``; ``well_formed`` says whether
+text has a minted token's exact shape.
 
 Imports: standard library only.
 """
@@ -30,6 +31,14 @@ _FORMATTER = logging.Formatter()
 TOKEN_PREFIX: Final = "kiln_"
 # Anything that looks like a token, for log redaction (see ``redact_tokens``).
 TOKEN_PATTERN: Final = re.compile(r"kiln_[A-Za-z0-9_-]{20,}")
+# The exact shape of a minted token (the client checks it before sending one).
+MAX_TOKEN_CHARS: Final = 256
+_TOKEN: Final = re.compile(r"^kiln_[A-Za-z0-9_-]{43,251}$")
+
+
+def well_formed(token: str) -> bool:
+    """True for text shaped like a token (prefix, alphabet, length); says nothing of validity."""
+    return len(token) <= MAX_TOKEN_CHARS and _TOKEN.fullmatch(token) is not None
 
 
 def redact_tokens(text: str) -> str:

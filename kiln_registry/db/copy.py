@@ -51,13 +51,13 @@ from sqlalchemy import (
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import SQLAlchemyError
 
+from kiln_registry.config.database import PostgresDatabase, database_value
 from kiln_registry.db.engine import (
     database_label,
     detect_database_shape,
     read_connection,
     upgrade_connection,
 )
-from kiln_registry.db.location import PostgresDatabase, database_value
 from kiln_registry.db.opening import require_head
 from kiln_registry.domain.errors import ConfigError
 

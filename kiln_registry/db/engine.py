@@ -59,8 +59,8 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from kiln_registry.config.database import PostgresDatabase
 from kiln_registry.db.legacy import LEGACY_BASE_REVISION, check_legacy_rows, is_legacy_v0
-from kiln_registry.db.location import PostgresDatabase
 from kiln_registry.db.postgres import BEGIN_OPTION as BEGIN_OPTION
 from kiln_registry.db.postgres import open_postgres, table_names
 from kiln_registry.db.space import needs_conversion

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from sqlalchemy import Engine
 
+from kiln_registry.config.database import PostgresDatabase
 from kiln_registry.db.engine import (
     current_revision,
     database_label,
@@ -32,7 +33,6 @@ from kiln_registry.db.engine import (
     upgrade_to_head,
     usable_shape,
 )
-from kiln_registry.db.location import PostgresDatabase
 from kiln_registry.domain.errors import ConfigError
 
 UPGRADE_HINT = "run `kiln db upgrade --config kiln.toml` (or start `kiln serve --upgrade`)"

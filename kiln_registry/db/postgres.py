@@ -20,7 +20,7 @@ busy timeout does.  A connection left idle inside a transaction for
 never waits on anything inside a transaction) is ended by the server, so its
 write lock cannot stop every other replica and worker for longer than that.
 
-Imports: the standard library, SQLAlchemy, ``db.location`` and the errors.
+Imports: the standard library, SQLAlchemy, ``config.database`` and the errors.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 
-from kiln_registry.db.location import PostgresDatabase
+from kiln_registry.config.database import PostgresDatabase
 from kiln_registry.domain.errors import ConfigError
 
 # The execution option both engines honour: "DEFERRED" for a read transaction.

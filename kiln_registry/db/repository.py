@@ -81,6 +81,22 @@ def is_unique_violation(exc: IntegrityError) -> bool:
     return getattr(orig, "sqlstate", None) == _PG_UNIQUE_VIOLATION
 
 
+def add_unless_duplicate(session: Session, row: object) -> bool:
+    """Add ``row`` in a savepoint and flush it; False when a unique key already holds it.
+
+    A unique or primary-key violation rolls back the savepoint only (the
+    caller's transaction goes on); any other integrity error propagates.
+    """
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError as exc:
+        if not is_unique_violation(exc):
+            raise
+        return False
+    return True
+
+
 def insert_ignoring_duplicates(session: Session, model: type[Any]) -> Insert:
     """``INSERT ... ON CONFLICT DO NOTHING`` into ``model`` in the session's dialect."""
     if session.get_bind().dialect.name == "postgresql":
@@ -128,13 +144,8 @@ class TeacherRepository:
             row.created_at = utc_timestamp()
         if row.updated_at is None:
             row.updated_at = row.created_at
-        try:
-            with self._session.begin_nested():
-                self._session.add(row)
-        except IntegrityError as exc:
-            if not is_unique_violation(exc):
-                raise
-            raise AliasExists(f"teacher alias {row.alias!r} is already registered") from exc
+        if not add_unless_duplicate(self._session, row):
+            raise AliasExists(f"teacher alias {row.alias!r} is already registered")
 
     def get(self, alias: str) -> TeacherRow | None:
         return self._session.get(TeacherRow, alias)

@@ -16,7 +16,8 @@ children also get SIGTERM if the demo itself dies (``PR_SET_PDEATHSIG``).
 
 The child processes and the cleanup live in ``kiln_registry.demo.processes``.
 
-Imports: standard library, httpx, platformdirs and kiln_registry's client,
+Imports: standard library, httpx (the teacher's ``/health``, its failures mapped by
+the client's ``translate_errors``), platformdirs and kiln_registry's client,
 errors, ``demo.processes`` and (inside ``ensure_demo_model``) the tiny model
 builder; torch only through that builder and the child processes.  No
 network beyond loopback.
@@ -39,6 +40,7 @@ from typing import Any
 import httpx
 import platformdirs
 
+from kiln_registry.client.core import translate_errors
 from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.demo.processes import Child, DemoRun, cleaned_up, free_port, wait_for
 from kiln_registry.domain.errors import InputError, LauncherError
@@ -189,10 +191,15 @@ def _startup_line(child: Child) -> dict[str, Any] | None:
 
 
 def _healthy(url: str) -> bool | None:
+    """True once the teacher answers ``GET /health`` with 200; None while it cannot yet.
+
+    The client's transport seam (``client.core.translate_errors``) turns httpx's
+    failures into ``RegistryClientError``, as for the registry itself.
+    """
     try:
-        with httpx.Client(trust_env=False, timeout=2.0) as http:
+        with translate_errors(url), httpx.Client(trust_env=False, timeout=2.0) as http:
             return True if http.get(f"{url}/health").status_code == 200 else None
-    except httpx.HTTPError:
+    except RegistryClientError:
         return None
 
 

@@ -1,7 +1,7 @@
 """The registry's one vocabulary: teacher kinds and statuses, job kinds and statuses.
 
 Every layer names these values through this module: the wire schemas
-(``api/schemas.py``, ``api/jobs_schemas.py``), the CHECK constraints of the
+(``wire/teachers.py``, ``wire/jobs.py``), the CHECK constraints of the
 rows (``db/models.py``, ``jobs/core/models.py``), the services and the job queue.
 Members are ``StrEnum``s, so a member equals (and is stored as) its string.
 

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import httpx
 
-from kiln_registry.api.schemas import TeacherEntry
 from kiln_registry.config.access import is_loopback
 from kiln_registry.config.settings import CredentialConfig, KilnConfig
 from kiln_registry.credentials.resolve import resolve_teacher_endpoint
@@ -43,6 +42,7 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.limiter import ProbeLimiter
 from kiln_registry.probe.transport import teacher_tls_context
 from kiln_registry.teachers.probing import ProbeSetup, run_probes
+from kiln_registry.wire.teachers import TeacherEntry
 
 log = logging.getLogger("kiln_registry.endpoint")
 

@@ -26,11 +26,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kiln_registry.api.schemas import ProbeReportPublic, TeacherEntry
 from kiln_registry.client.base import RegistryClientError
 from kiln_registry.endpoint.admission import Limits, Pin
 from kiln_registry.endpoint.metrics import EndpointMetrics
 from kiln_registry.endpoint.pool import Replica, ReplicaPool
+from kiln_registry.wire.teachers import ProbeReportPublic, TeacherEntry
 
 log = logging.getLogger("kiln_registry.endpoint")
 

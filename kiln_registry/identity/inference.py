@@ -4,8 +4,8 @@ Owns ``kiln.vllm-inference-config.v2``: which launch variables enter the
 identity, the deterministic policy, and the exact key order of the document
 ``C`` whose ``hex(sha256(C))`` is ``inference_config_sha256``.
 
-Which extra vLLM options are *accepted* is the launcher policy's decision
-(``launcher/policy.py``); this module receives the accepted non-transport
+Which extra vLLM options are *accepted* is the option policy's decision
+(``vllm_options/options.py``); this module receives the accepted non-transport
 options and only refuses what would make the document ambiguous or leak a
 transport secret.  Refusals are ``IdentityError`` with
 ``rule="inference.<name>"``.  Imports: standard library,
@@ -65,7 +65,7 @@ DETERMINISTIC_NAMES: tuple[str, ...] = (
     "PYTHONHASHSEED",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
 )
-# A backstop only: launcher/policy.py classifies transport options.  These must
+# A backstop only: vllm_options/options.py classifies transport options.  These must
 # never reach a hashed (and printed) document, above all the API key.
 TRANSPORT_OPTIONS: frozenset[str] = frozenset(
     {"--host", "--port", "--uds", "--api-key", "--root-path", "--allowed-origins"}

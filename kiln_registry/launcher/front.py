@@ -31,9 +31,9 @@ from kiln_registry.gateway.config import (
     gateway_argv,
 )
 from kiln_registry.launcher.policy import LauncherRequest
-from kiln_registry.launcher.policy_options import API_KEY_OPTION
 from kiln_registry.launcher.supervisor import Front
 from kiln_registry.launcher.vllm_command import DEFAULT_VLLM_PORT, health_target
+from kiln_registry.vllm_options.options import API_KEY_OPTION
 
 VLLM_SOCKET_NAME = "vllm.sock"
 SOCKET_PLACEHOLDER = "<private runtime dir>/" + VLLM_SOCKET_NAME

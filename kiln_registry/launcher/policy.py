@@ -2,7 +2,7 @@
 
 Owns ``parse_launcher_argv``: the ``kiln-teacher`` launch and manifest flags,
 then exactly one ``--`` and the extra vLLM options, which
-``classify_vllm_options`` (``policy_options``) validates; and
+``classify_vllm_options`` (``vllm_options.options``) validates; and
 ``request_from_flags``, the same rules for flags already separated (a
 local-teacher profile: no command line is written and parsed back).  The environment
 policy is ``check_launch_environment`` (``policy_env``); both are re-exported
@@ -22,8 +22,9 @@ leading zeros, no underscores or white space).  Modes:
 * ``--dry-run`` always needs ``--model-path``, because the preview labels the
   source paths; with ``--identity-input`` the identity comes from that file.
 
-Imports: standard library, ``kiln_registry.domain.errors`` and the sibling pure
-policy modules only (no subprocess, sockets or file access).
+Imports: standard library, ``kiln_registry.domain.errors``, the sibling pure
+policy modules and the option policy leaf ``kiln_registry.vllm_options`` only
+(no subprocess, sockets or file access).
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ from kiln_registry.launcher.policy_gateway import (
     check_api_key_env,
     check_gateway_options,
 )
-from kiln_registry.launcher.policy_options import (
+from kiln_registry.vllm_options.options import (
     VLLM_OPTION_POLICY_VERSION,
     VllmOptions,
     classify_vllm_options,
 )
-from kiln_registry.launcher.policy_tables import ValueRule, canonical_int, one_of
+from kiln_registry.vllm_options.tables import ValueRule, canonical_int, one_of
 
 __all__ = [
     "DEVICE_VISIBILITY_VARIABLES",

@@ -21,9 +21,10 @@ contributes how far its logprob is above the other teacher's K-th logprob
 ``|lp_a - lp_b|``.
 
 Secrets: API keys are read from the named variables just before each request
-(``SecretHandle``) and never stored or reported.  Imports httpx, numpy,
-``kiln_registry.probe``, ``credentials`` and ``identity``; never the API,
-database or launcher.
+(``SecretHandle``) and never stored or reported.  httpx is only the injected
+client: every transport failure is mapped in ``kiln_registry.probe``
+(``get_side``, ``HttpxTransport``).  Imports httpx, numpy, ``kiln_registry.probe``,
+``credentials`` and ``identity``; never the API, database or launcher.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.parity.grade import POSITION_CLASSES, Grader
 from kiln_registry.probe.client import ProbeLimiter, probe_teacher, score_prompt
-from kiln_registry.probe.transport import origin_of, request_headers, transport_failure
+from kiln_registry.probe.httpx_transport import get_side
+from kiln_registry.probe.transport import request_headers
 from kiln_registry.probe.verify import RowsCheck
 
 REPORT_SCHEMA = "kiln.teacher-parity-report.v1"
@@ -174,19 +176,10 @@ async def _discover_model_id(
     """The one model a teacher lists at ``/v1/models`` (bounded read, no redirects)."""
     url = completions_url.removesuffix("/completions") + "/models"
     headers = request_headers(secret, json_body=False)
-    body = bytearray()
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with http.stream("GET", url, headers=headers, follow_redirects=False) as resp:
-                async for chunk in resp.aiter_raw():
-                    if len(body) + len(chunk) > MODELS_BODY_LIMIT:
-                        raise ProbeFailed("/v1/models body is too large", rule="parity.models")
-                    body += chunk
-                status = resp.status_code
-    except (TimeoutError, httpx.HTTPError) as exc:
-        raise transport_failure(
-            exc, origin=origin_of(url), got_head=False, side=("GET /v1/models", "parity.models")
-        ) from exc
+    status, body = await get_side(
+        http, url, headers=headers, limit=MODELS_BODY_LIMIT, timeout_s=timeout_s,
+        side=("GET /v1/models", "parity.models"),
+    )  # fmt: skip
     if status in (401, 403):
         raise ProbeFailed(
             f"GET /v1/models answered HTTP {status}",

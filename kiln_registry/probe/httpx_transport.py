@@ -5,7 +5,8 @@ re-probe, job start, parity): a streamed POST, no redirects followed, httpx's
 own timeouts under the protocol's overall deadline (``exchange``), the head checked by
 ``check_head`` and the body read up to ``body_cap``.  TLS trust is the
 injected client's (the registry builds it with ``teacher_tls_context``).
-Every failure below HTTP goes through ``transport_failure``.
+Every failure below HTTP goes through ``transport_failure``, also for
+``get_side``, the bounded GET of a side request (parity's ``GET /v1/models``).
 
 Never creates an httpx client and does nothing at import time.  Imports
 httpx and ``probe.transport``; no database or FastAPI.
@@ -13,8 +14,12 @@ httpx and ``probe.transport``; no database or FastAPI.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
+
 import httpx
 
+from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.probe.transport import (
     Request,
     TeacherTransport,
@@ -76,3 +81,32 @@ class HttpxTransport(TeacherTransport):
                 return response.status_code, await read_bounded(response, request.limit)
         except httpx.HTTPError as exc:
             raise transport_failure(exc, origin=self._origin, got_head=request.got_head) from exc
+
+
+async def get_side(
+    http: httpx.AsyncClient,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    limit: int,
+    timeout_s: float,
+    side: tuple[str, str],
+) -> tuple[int, bytes]:
+    """One GET of a side request (no redirects) within ``timeout_s``: (status, body).
+
+    ``side`` is (name, rule), e.g. ``("GET /v1/models", "parity.models")``: a
+    body over ``limit`` bytes and every failure below HTTP are ``ProbeFailed``
+    under that rule (``transport_failure``), so the caller never sees httpx.
+    """
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with http.stream("GET", url, headers=headers, follow_redirects=False) as resp:
+                async for chunk in resp.aiter_raw():
+                    if len(body) + len(chunk) > limit:
+                        path = side[0].split(" ", 1)[-1]
+                        raise ProbeFailed(f"{path} body is too large", rule=side[1])
+                    body += chunk
+                return resp.status_code, bytes(body)
+    except (TimeoutError, httpx.HTTPError) as exc:
+        raise transport_failure(exc, origin=origin_of(url), got_head=False, side=side) from exc

@@ -39,7 +39,8 @@ from kiln_registry.auth.serving import (
     uvicorn_tls_options,
     warn_without_auth,
 )
-from kiln_registry.config.settings import KilnConfig, check_startup_environment, load_config
+from kiln_registry.config.loader import check_startup_environment, load_config
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.engine import database_label, session_factory
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.domain.errors import ConfigError

@@ -15,8 +15,8 @@ from kiln_registry.auth.tokens import (
     generate_token,
     redact_tokens,
     token_digest,
-    well_formed,
 )
+from kiln_registry.credentials.redaction import well_formed
 from kiln_registry.domain.errors import InputError
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import REPO, write_config
@@ -119,3 +119,16 @@ def test_cli_create_refuses_bad_input(
     result = kiln("tokens", "create", "--config", str(config), *argv)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "kiln_" not in result.stdout
+
+
+def test_a_second_token_of_one_name_is_refused_and_the_first_kept(tmp_path: Path) -> None:
+    from kiln_registry.auth.repository import TokenNameExists
+    from tests.auth.support import create_token
+
+    database = tmp_path / "registry.db"
+    first = create_token(database, "ci", {"read"})
+    with pytest.raises(TokenNameExists) as refused:
+        create_token(database, "ci", {"admin"})
+    assert refused.value.code == "token_exists" and "ci" in refused.value.message
+    rows = fetch(database, "SELECT scopes, digest FROM api_tokens WHERE name = 'ci'")
+    assert rows == [("read", token_digest(first))]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.api.jobs_schemas import JobPublic, JobStatus
 from kiln_registry.client.asynchronous import AsyncRegistryClient
 from kiln_registry.client.sync import RegistryClient, RegistryClientError
 from kiln_registry.domain.errors import InputError
 from kiln_registry.jobs.core.signing import CorpusSigner
+from kiln_registry.wire.jobs import JobPublic, JobStatus
 from tests.client.conftest import ALIAS
 from tests.jobs.harness import Registry
 

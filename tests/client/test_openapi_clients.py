@@ -24,11 +24,12 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from kiln_registry.api import admin_schemas as wire
-from kiln_registry.api import corpus_schemas, jobs_schemas, schemas
+from kiln_registry.api import schemas
 from kiln_registry.api.app import create_app
 from kiln_registry.api.examples import body_examples, error_example, ndjson_example
 from kiln_registry.api.routes import keys
+from kiln_registry.wire import admin, corpus, system, teachers
+from kiln_registry.wire import jobs as wire_jobs
 from tests.client.conftest import ALIAS
 from tests.jobs.harness import Registry
 
@@ -87,7 +88,7 @@ def test_every_body_has_an_example(document: dict[str, Any]) -> None:
 
 def _models() -> dict[str, type[BaseModel]]:
     found: dict[str, type[BaseModel]] = {}
-    for module in (schemas, jobs_schemas, wire, keys, corpus_schemas):
+    for module in (schemas, teachers, system, wire_jobs, admin, keys, corpus):
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, BaseModel):
                 found[value.__name__] = value
@@ -99,10 +100,10 @@ def test_every_example_is_a_valid_body(document: dict[str, Any]) -> None:
     for name, example in body_examples().items():
         assert name in document["components"]["schemas"], name
         models[name].model_validate(example)
-    schemas.ErrorResponse.model_validate(error_example("teacher_not_found"))
+    system.ErrorResponse.model_validate(error_example("teacher_not_found"))
     lines = ndjson_example().splitlines()
     assert len(lines) == 3
-    for line, model in zip(lines, corpus_schemas.LINE_MODELS, strict=True):
+    for line, model in zip(lines, corpus.LINE_MODELS, strict=True):
         model.model_validate_json(line)
 
 

@@ -24,6 +24,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, MetaData, select, text
 
+from kiln_registry.config.database import parse_postgres
 from kiln_registry.db.engine import (
     detect_database_shape,
     migrations_dir,
@@ -31,7 +32,6 @@ from kiln_registry.db.engine import (
     read_connection,
     upgrade_to_head,
 )
-from kiln_registry.db.location import parse_postgres
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import run_registry, toml_str
 from tests.jobs.conftest import REFERENCE_MODEL_ID, ReferenceTeacher

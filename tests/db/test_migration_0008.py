@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
+from kiln_registry.config.database import parse_postgres
 from kiln_registry.db.engine import head_revision, open_engine, upgrade_to_head
-from kiln_registry.db.location import parse_postgres
 from tests.db.test_migration_0005 import _alembic
 from tests.pg_server import PostgresServer
 

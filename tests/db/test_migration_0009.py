@@ -19,8 +19,8 @@ from sqlalchemy import Engine, text
 
 import kiln_registry.auth.models
 import kiln_registry.jobs.core.models  # noqa: F401  (registers the job tables on the metadata)
+from kiln_registry.config.database import parse_postgres
 from kiln_registry.db.engine import head_revision, open_engine, session_factory, upgrade_to_head
-from kiln_registry.db.location import parse_postgres
 from kiln_registry.db.models import metadata
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.core.repository import JobRepository

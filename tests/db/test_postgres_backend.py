@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from kiln_registry.config.settings import KilnConfig, check_startup_environment
+from kiln_registry.config.database import PostgresDatabase, database_value, parse_postgres
+from kiln_registry.config.loader import check_startup_environment
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.data_version import open_version_reader
 from kiln_registry.db.engine import (
     BEGIN_OPTION,
@@ -28,7 +30,6 @@ from kiln_registry.db.engine import (
     open_engine,
     upgrade_to_head,
 )
-from kiln_registry.db.location import PostgresDatabase, database_value, parse_postgres
 from kiln_registry.db.opening import ensure_schema, open_database, require_head
 from kiln_registry.domain.errors import ConfigError
 from tests.pg_server import PostgresServer
@@ -250,7 +251,7 @@ def test_the_data_version_moves_for_registry_writes_only(
 def test_open_database_from_the_config(
     tmp_path: Path, pg_database: str, postgres_server: PostgresServer, tiny_model: object
 ) -> None:
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
 
     config = load_config(pg_config(tmp_path, url=pg_database, student=tiny_model.path))  # type: ignore[attr-defined]
     engine = open_database(config.server)
@@ -264,7 +265,7 @@ def test_open_database_from_the_config(
 def test_a_missing_state_dir_is_created_private(
     tmp_path: Path, pg_database: str, postgres_server: PostgresServer, tiny_model: object
 ) -> None:
-    from kiln_registry.config.settings import load_config
+    from kiln_registry.config.loader import load_config
 
     path = pg_config(tmp_path, url=pg_database, student=tiny_model.path)  # type: ignore[attr-defined]
     state = tmp_path / "new" / "state"

@@ -7,9 +7,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from sqlalchemy import CheckConstraint
 
-from kiln_registry.api.jobs_schemas import JobStatus as WireJobStatus
-from kiln_registry.api.schemas import TeacherKind as WireTeacherKind
-from kiln_registry.api.schemas import TeacherStatus as WireTeacherStatus
 from kiln_registry.db.models import TEACHER_KINDS, TEACHER_STATUSES, Base
 from kiln_registry.domain.text import (
     clipped,
@@ -32,6 +29,9 @@ from kiln_registry.domain.vocabulary import (
     TeacherStatus,
 )
 from kiln_registry.jobs.core.models import JOB_KINDS, JOB_STATUSES
+from kiln_registry.wire.jobs import JobStatus as WireJobStatus
+from kiln_registry.wire.teachers import TeacherKind as WireTeacherKind
+from kiln_registry.wire.teachers import TeacherStatus as WireTeacherStatus
 
 
 def test_quoted_is_the_repr_of_the_cut_value() -> None:

@@ -12,13 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE, KILN_TEXT_ONLY_NOTE
 from kiln_registry.client.sync import RegistryClient
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.identity.off_policy import off_policy_manifest
 from kiln_registry.jobs.core.models import GenerationCacheRow
 from kiln_registry.jobs.core.signing import parse_keys, signature_path
 from kiln_registry.jobs.kinds import verify_corpus
+from kiln_registry.wire.jobs import KILN_SMALL_K_NOTE, KILN_TEXT_ONLY_NOTE
 from tests.jobs.generation_harness import (
     CHAT_MODEL_ID,
     MESSAGES,

@@ -25,11 +25,11 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request, Response
 
-from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE
 from kiln_registry.jobs.core.signing import parse_keys
 from kiln_registry.jobs.generation.sources import render, student_tokenizer
 from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.testing.tiny_models import TinyModel
+from kiln_registry.wire.jobs import KILN_SMALL_K_NOTE
 from tests.helpers import serve_app
 from tests.jobs.generation_harness import CHAT_MODEL_ID, MESSAGES, chat_teacher, submit_generation
 from tests.jobs.harness import make_config, running_registry

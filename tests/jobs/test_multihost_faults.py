@@ -30,7 +30,7 @@ import pytest
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.postgres import BEGIN_OPTION, WRITE_LOCK_KEY
 from kiln_registry.db.repository import unit_of_work

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.engine import session_factory, upgrade_to_head
 from kiln_registry.db.models import utc_timestamp
 from kiln_registry.db.opening import open_database

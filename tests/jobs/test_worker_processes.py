@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.engine import open_engine
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.repository import unit_of_work

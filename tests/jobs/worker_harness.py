@@ -25,7 +25,7 @@ from pathlib import Path
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.engine import session_factory
 from kiln_registry.db.models import Base, TeacherRow
 from kiln_registry.db.opening import open_database

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.domain.errors import ConfigError
 
 # config.rs test_parse_full_toml, verbatim except [model] paths (a real directory here).

@@ -38,8 +38,8 @@ from kiln_registry.identity.digests import tokenizer_vocab_sha256
 from kiln_registry.identity.inference import inference_config_bytes, inference_config_document
 from kiln_registry.identity.input_manifest import parse_teacher_input
 from kiln_registry.launcher.policy_env import check_launch_environment
-from kiln_registry.launcher.policy_options import classify_vllm_options
 from kiln_registry.model.tokenizer import TokenizerView, backend_config_sha256
+from kiln_registry.vllm_options.options import classify_vllm_options
 
 KILN_TEACHER = Path(sys.executable).with_name("kiln-teacher")
 A_HASH, B_HASH, C_HASH, D_HASH, E_HASH = (c * 64 for c in "abcde")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from kiln_registry.api.live_status import ReadChecks
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.repository import TeacherRepository
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.reference_teacher.app import create_reference_app

@@ -6,7 +6,7 @@ import pytest
 
 from kiln_registry.domain.errors import PolicyError
 from kiln_registry.launcher.policy import VLLM_OPTION_POLICY_VERSION, classify_vllm_options
-from kiln_registry.launcher.policy_tables import (
+from kiln_registry.vllm_options.tables import (
     INFERENCE_SWITCHES,
     INFERENCE_VALUE_OPTIONS,
     KNOWN_OTHER_OPTIONS,

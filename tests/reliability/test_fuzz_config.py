@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiln_registry.config.settings import MAX_CONFIG_BYTES, KilnConfig, load_config
+from kiln_registry.config.loader import MAX_CONFIG_BYTES, load_config
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.domain.errors import ConfigError, KilnError
 from tests.reliability.strategies import attempt, fuzz_settings, mutated_bytes, to_toml
 

@@ -29,7 +29,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.core.signing import key_path

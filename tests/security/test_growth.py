@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln_registry.auth.models import AuditEventRow
 from kiln_registry.auth.repository import AuditBounds, AuditRepository
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.engine import open_engine, session_factory, upgrade_to_head
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.domain.errors import ConfigError

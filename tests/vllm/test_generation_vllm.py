@@ -32,11 +32,11 @@ from typing import Any
 import httpx
 import pytest
 
-from kiln_registry.api.jobs_schemas import KILN_SMALL_K_NOTE
 from kiln_registry.jobs.core.signing import parse_keys
 from kiln_registry.jobs.generation.sources import render, student_tokenizer
 from kiln_registry.jobs.kinds import verify_corpus
 from kiln_registry.testing.tiny_models import TinyModel
+from kiln_registry.wire.jobs import KILN_SMALL_K_NOTE
 from tests.api.support import write_config
 from tests.jobs.generation_harness import CHAT_TEMPLATE, MESSAGES, add_chat_template
 from tests.jobs.test_generation import transformers_greedy

@@ -15,7 +15,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query
 from starlette.concurrency import run_in_threadpool
 
-from kiln_registry.api.admin_schemas import AuditEvent, AuditResponse, ReleaseResponse
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.paging import MAX_CURSOR_CHARS, decode_key, encode_key
 from kiln_registry.api.routes import get_ctx
@@ -23,6 +22,7 @@ from kiln_registry.api.routes.responses import error_responses
 from kiln_registry.auth.repository import AuditRepository, ReservedAliases
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.domain.text import quoted
+from kiln_registry.wire.admin import AuditEvent, AuditResponse, ReleaseResponse
 
 router = APIRouter(tags=["admin"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

@@ -24,16 +24,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
-from kiln_registry.api.corpus_schemas import NDJSON
-from kiln_registry.api.jobs_schemas import (
-    JOB_ID_PATTERN,
-    AnyJobCreate,
-    DeleteJobResponse,
-    JobPublic,
-    JobsListResponse,
-    JobStatus,
-    job_public,
-)
+from kiln_registry.api.job_views import job_public
 from kiln_registry.api.paging import MAX_CURSOR_CHARS, decode_key, encode_key
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
@@ -44,6 +35,16 @@ from kiln_registry.jobs.core import retention, service
 from kiln_registry.jobs.core.state import JobEnvironment
 from kiln_registry.jobs.kinds import job_kind
 from kiln_registry.jobs.worker import JobWorkers
+from kiln_registry.wire.corpus import NDJSON
+from kiln_registry.wire.jobs import (
+    JOB_ID_PATTERN,
+    AnyJobCreate,
+    DeleteJobResponse,
+    GenerationJobCreate,
+    JobPublic,
+    JobsListResponse,
+    JobStatus,
+)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

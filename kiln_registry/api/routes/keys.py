@@ -18,8 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import error_responses
-from kiln_registry.api.schemas import WireModel
 from kiln_registry.jobs.core import signing
+from kiln_registry.wire.base import WireModel
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kiln_registry.api.schemas import ErrorResponse
+from kiln_registry.wire.system import ErrorResponse
 
 DESCRIPTIONS: dict[int, str] = {
     400: "Invalid request",

@@ -11,10 +11,10 @@ from starlette.concurrency import run_in_threadpool
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes.responses import OPEN, SYSTEM
-from kiln_registry.api.schemas import HealthResponse, LegacyRegistryReport, ReadyResponse
 from kiln_registry.db.repository import LegacyImportRepository, TeacherRepository
 from kiln_registry.jobs.core.registry_repository import registry_counts
 from kiln_registry.observability.metrics import CONTENT_TYPE, StateSnapshot
+from kiln_registry.wire.system import HealthResponse, LegacyRegistryReport, ReadyResponse
 
 router = APIRouter(tags=["system"])
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

@@ -21,18 +21,18 @@ from kiln_registry.api.context import RegistryContext
 from kiln_registry.api.paging import DEFAULT_PAGE, MAX_CURSOR_CHARS, MAX_PAGE
 from kiln_registry.api.routes import get_ctx
 from kiln_registry.api.routes import responses as errors
-from kiln_registry.api.schemas import (
-    DeleteTeacherResponse,
-    ProbeReportPublic,
-    ReceiptsResponse,
-    RegisterTeacherRequest,
-    TeacherEntry,
-    TeachersListResponse,
-)
+from kiln_registry.api.schemas import RegisterTeacherRequest
 from kiln_registry.api.strict_body import StrictJsonRoute
 from kiln_registry.auth.middleware import STATE_KEY
 from kiln_registry.auth.tokens import TokenIdentity
 from kiln_registry.domain.aliases import ALIAS_RULE_TEXT
+from kiln_registry.wire.teachers import (
+    DeleteTeacherResponse,
+    ProbeReportPublic,
+    ReceiptsResponse,
+    TeacherEntry,
+    TeachersListResponse,
+)
 
 router = APIRouter(prefix="/v1/teachers", tags=["teachers"], route_class=StrictJsonRoute)
 Ctx = Annotated[RegistryContext, Depends(get_ctx)]

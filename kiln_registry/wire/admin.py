@@ -1,15 +1,14 @@
 """Wire shapes of the admin routes (``GET /v1/audit``, alias release).
 
 Shared by the route (``api.routes.admin``) and the client.  An audit event
-names a token, never holds one.  Imports pydantic and ``api.schemas``; lives in
-``api`` (not ``auth``) so that ``auth`` imports nothing of the API.
+names a token, never holds one.  Imports pydantic and ``wire.base`` only.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from kiln_registry.api.schemas import WireModel
+from kiln_registry.wire.base import WireModel
 
 
 class AuditEvent(WireModel):

@@ -4,7 +4,8 @@ The server writes corpora byte by byte (``jobs.scoring.corpus``) and checks them
 ``jobs.scoring.corpus_verify``; these models only *describe* each line for the
 OpenAPI document (``api.openapi`` puts them in ``components`` and names them
 from the result's ``application/x-ndjson`` media type), so a generated client
-can parse each line with a typed model.  Imports pydantic and ``api.schemas``.
+can parse each line with a typed model.  Imports pydantic, ``wire.base`` and
+``wire.teachers`` only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kiln_registry.api.schemas import Sha256Hex, TeacherIdentityV1
+from kiln_registry.wire.base import Sha256Hex
+from kiln_registry.wire.teachers import TeacherIdentityV1
 
 NDJSON = "application/x-ndjson"  # the result corpus's media type
 LINE_MODELS_DESCRIPTION = (

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kiln_registry.domain.errors import PolicyError
-from kiln_registry.launcher.policy_tables import (
+from kiln_registry.vllm_options.tables import (
     INFERENCE_SWITCHES,
     INFERENCE_VALUE_OPTIONS,
     KNOWN_OTHER_OPTIONS,
