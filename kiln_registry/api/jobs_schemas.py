@@ -19,6 +19,7 @@ from kiln_registry.api.wire import Sha256Hex, Sha256Ref, WireModel
 from kiln_registry.domain.aliases import ALIAS_JSON_PATTERN, MAX_ALIAS_CHARS
 from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.domain.vocabulary import JobStatus as JobStatus
+from kiln_registry.jobs.liveness import waiting_note
 from kiln_registry.jobs.models import JobRow
 
 MAX_INLINE_SEQUENCES = 10_000
@@ -293,6 +294,11 @@ class JobPublic(WireModel):
         default=None,
         description="`kiln-logit-cache-v3` when the job also publishes Kiln logit-cache entries.",
     )
+    waiting: str | None = Field(
+        default=None,
+        description="Set on a queued job while no job worker is alive (`/ready` `workers`):"
+        " `no worker has claimed this job; start `kiln worker``.",
+    )
 
 
 class JobsListResponse(WireModel):
@@ -307,7 +313,8 @@ class DeleteJobResponse(WireModel):
     id: str = Field(pattern=JOB_ID_PATTERN, description="The removed job's id.")
 
 
-def job_public(row: JobRow) -> JobPublic:
+def job_public(row: JobRow, live_workers: int | None = None) -> JobPublic:
+    """The wire view; ``live_workers`` (when known) sets ``waiting`` on a stalled queued job."""
     error = None
     if row.error_code is not None:
         error = JobError(code=row.error_code, rule=row.error_rule, message=row.error_message or "")
@@ -358,4 +365,5 @@ def job_public(row: JobRow) -> JobPublic:
         error=error,
         result=result,
         output="kiln-logit-cache-v3" if row.output == "kiln-logit-cache-v3" else None,
+        waiting=waiting_note(row.status, live_workers),
     )

@@ -45,6 +45,8 @@ from kiln_registry.domain.vocabulary import JobKind
 from kiln_registry.jobs import retention, service
 from kiln_registry.jobs.generation_output import detached_signature
 from kiln_registry.jobs.generation_submit import generation_submission, submit_generation
+from kiln_registry.jobs.liveness import WorkerBeats
+from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.state import JobEnvironment
 from kiln_registry.jobs.worker import JobWorkers
 
@@ -70,6 +72,19 @@ def _viewer(request: Request) -> str | None:
     if not isinstance(identity, TokenIdentity) or "admin" in identity.scopes:
         return None
     return identity.name
+
+
+def _live_workers(ctx: RegistryContext, rows: list[JobRow]) -> int | None:
+    """Live job workers, read only when one of ``rows`` is queued (else None: not needed)."""
+    if not any(row.status == JobStatus.queued for row in rows):
+        return None
+    with ctx.reading() as session:
+        return WorkerBeats(session).live_count(timeout_s=ctx.config.jobs.lease_timeout_s)
+
+
+async def _public(ctx: RegistryContext, rows: list[JobRow]) -> list[JobPublic]:
+    live = await run_in_threadpool(_live_workers, ctx, rows)
+    return [job_public(row, live) for row in rows]
 
 
 @router.post(
@@ -100,7 +115,7 @@ async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPubli
     workers = _workers(request)
     if workers is not None:
         workers.wake()
-    return job_public(row)
+    return (await _public(ctx, [row]))[0]
 
 
 @router.get(
@@ -126,7 +141,7 @@ async def list_jobs(
     more = None
     if len(rows) > limit:
         more = encode_key("jobs", rows[limit - 1].created_at, rows[limit - 1].id)
-    return JobsListResponse(jobs=[job_public(r) for r in rows[:limit]], next_cursor=more)
+    return JobsListResponse(jobs=await _public(ctx, rows[:limit]), next_cursor=more)
 
 
 @router.get(
@@ -135,7 +150,7 @@ async def list_jobs(
 async def get_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
     """One job: the caller's own (another token's is `404 job_not_found`), any for `admin`."""
     row = await run_in_threadpool(service.get_job, ctx.sessions, job_id, _viewer(request))
-    return job_public(row)
+    return (await _public(ctx, [row]))[0]
 
 
 @router.post(
