@@ -28,6 +28,7 @@ def install_auth(app: FastAPI, ctx: RegistryContext) -> None:
         table=table,
         store=AuthStore(ctx.writing, audit_bounds(server), reading=ctx.reading),
         metrics_public=server.metrics_public,
+        public_docs=server.public_docs,
         secret_names=ctx.config.secret_env_names(),
     )
 
