@@ -14,10 +14,8 @@ from fastapi import FastAPI
 from kiln_registry.api.context import RegistryContext
 from kiln_registry.auth.cache import TokenTable
 from kiln_registry.auth.middleware import AuthMiddleware
-from kiln_registry.auth.repository import AuditBounds
-from kiln_registry.auth.store import AuthStore
+from kiln_registry.auth.store import AuthStore, audit_bounds
 from kiln_registry.config.access import auth_required
-from kiln_registry.config.settings import ServerConfig
 from kiln_registry.db.data_version import open_version_reader
 
 
@@ -30,16 +28,8 @@ def install_auth(app: FastAPI, ctx: RegistryContext) -> None:
         table=table,
         store=AuthStore(ctx.writing, audit_bounds(server), reading=ctx.reading),
         metrics_public=server.metrics_public,
+        public_docs=server.public_docs,
         secret_names=ctx.config.secret_env_names(),
-    )
-
-
-def audit_bounds(server: ServerConfig) -> AuditBounds:
-    """``[server] audit_max_events`` / ``audit_keep_days`` / ``audit_retain_days`` as bounds."""
-    return AuditBounds(
-        max_events=server.audit_max_events,
-        retain_days=server.audit_retain_days,
-        keep_days=server.audit_keep_days,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from kiln_registry.domain.vocabulary import JobKind
+from kiln_registry.jobs.core.liveness import waiting_note
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.wire.jobs import (
     GenerationInfo,
@@ -24,7 +25,8 @@ from kiln_registry.wire.jobs import (
 )
 
 
-def job_public(row: JobRow) -> JobPublic:
+def job_public(row: JobRow, live_workers: int | None = None) -> JobPublic:
+    """The wire view; ``live_workers`` (when known) sets ``waiting`` on a stalled queued job."""
     error = None
     if row.error_code is not None:
         error = JobError(code=row.error_code, rule=row.error_rule, message=row.error_message or "")
@@ -75,4 +77,5 @@ def job_public(row: JobRow) -> JobPublic:
         error=error,
         result=result,
         output="kiln-logit-cache-v3" if row.output == "kiln-logit-cache-v3" else None,
+        waiting=waiting_note(row.status, live_workers),
     )

@@ -140,6 +140,7 @@ class AuthMiddleware:
         table: TokenTable | None,
         store: AuthStore | None,
         metrics_public: bool = False,
+        public_docs: bool = False,
         secret_names: frozenset[str] = frozenset(),
         gate: CallerGate | None = None,
     ) -> None:
@@ -149,6 +150,7 @@ class AuthMiddleware:
         self._gate = gate or CallerGate()
         self._admin_gate = CallerGate(rate_per_s=ADMIN_RATE_PER_S, burst=ADMIN_BURST)
         self._metrics_public = metrics_public
+        self._public_docs = public_docs
         # A refused body's alias is the caller's text: scrub every configured secret from it.
         self._secret_names = secret_names
 
@@ -196,8 +198,9 @@ class AuthMiddleware:
         identity: TokenIdentity | None = None
         if self._table is not None:
             needed = required_scope(
-                scope["method"], scope["path"], metrics_public=self._metrics_public
-            )
+                scope["method"], scope["path"], metrics_public=self._metrics_public,
+                public_docs=self._public_docs,
+            )  # fmt: skip
             if needed is not None:
                 identity, refusal = self._check(scope, needed)
                 if refusal is not None:

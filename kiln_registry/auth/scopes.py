@@ -11,7 +11,8 @@ registering, deleting, probing and launching teachers, ``jobs`` for
 submitting, cancelling, deleting jobs and fetching results, ``admin`` for the
 audit log and alias release.  Anything not listed needs ``admin`` (fail
 closed: a route added later is locked until it is listed here).  ``/ready``
-and ``/metrics`` need ``read`` unless ``[server] metrics_public``.  ``HEAD``
+and ``/metrics`` need ``read`` unless ``[server] metrics_public``;
+``/openapi.json`` needs ``read`` unless ``[server] public_docs``.  ``HEAD``
 is treated as ``GET``.
 
 ``audit_action(method, path)`` names the state change a non-GET request makes
@@ -29,6 +30,7 @@ OPEN_PATHS: Final = frozenset({"/health", "/", "/docs", "/ui"})
 ASSETS: Final = "/assets/"  # the pages' files (api.ui): open for GET/HEAD only
 METRICS_PATHS: Final = frozenset({"/ready", "/metrics"})
 READ_PATHS: Final = frozenset({"/v1/keys", "/openapi.json"})
+SCHEMA_PATH: Final = "/openapi.json"
 TEACHERS: Final = "/v1/teachers"
 JOBS: Final = "/v1/jobs"
 ADMIN_ALIASES: Final = "/v1/admin/aliases/"
@@ -57,9 +59,13 @@ def _jobs_scope(method: str, path: str) -> str:
     return "admin"
 
 
-def required_scope(method: str, path: str, *, metrics_public: bool = False) -> str | None:
+def required_scope(
+    method: str, path: str, *, metrics_public: bool = False, public_docs: bool = False
+) -> str | None:
     """The scope ``method path`` needs, or None when the route is open."""
     if method in READ_METHODS and (path in OPEN_PATHS or path.startswith(ASSETS)):
+        return None
+    if public_docs and method in READ_METHODS and path == SCHEMA_PATH:
         return None
     if path in METRICS_PATHS:
         return None if metrics_public else "read"

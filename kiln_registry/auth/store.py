@@ -6,7 +6,8 @@ times of tokens in one short transaction, from a worker thread, and ask
 whether the log has room for one more event (``room``: the middleware
 refuses a state change when it has none).  A failed
 audit write is logged (never the request's body) and does not change the
-response.  Imports the standard library, SQLAlchemy and ``auth.repository``.
+response.  Imports the standard library, SQLAlchemy, ``auth.repository`` and
+``config.settings`` (``audit_bounds``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,20 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from kiln_registry.auth.repository import AuditBounds, AuditRepository, AuditRoom, TokenRepository
+from kiln_registry.config.settings import ServerConfig
 
 log = logging.getLogger("kiln_registry.auth")
 
 Writing = Callable[[], AbstractContextManager[Session]]
+
+
+def audit_bounds(server: ServerConfig) -> AuditBounds:
+    """``[server] audit_max_events`` / ``audit_keep_days`` / ``audit_retain_days`` as bounds."""
+    return AuditBounds(
+        max_events=server.audit_max_events,
+        retain_days=server.audit_retain_days,
+        keep_days=server.audit_keep_days,
+    )
 
 
 class AuthStore:

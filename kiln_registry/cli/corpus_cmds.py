@@ -155,8 +155,8 @@ def _corpus_export(args: argparse.Namespace) -> int:
 
 
 def _local_keys(config_path: Path) -> list[PublicKey]:
-    from kiln_registry.jobs.core.signing import key_path, load_signer
     from kiln_registry.config.loader import load_config
+    from kiln_registry.jobs.core.signing import key_path, load_signer
 
     config = load_config(config_path)
     return [load_signer(key_path(config.server.state_path)).public]

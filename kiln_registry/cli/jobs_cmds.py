@@ -69,6 +69,8 @@ def render_job(job: JobPublic) -> str:
         pairs.append(("error", f"{job.error.code} {job.error.rule or ''} {job.error.message}"))
     if job.result is not None:
         pairs.append(("result", f"{job.result.bytes} bytes, sha256 {job.result.sha256}"))
+    if job.waiting is not None:  # queued and no live job worker (issue 30, item 6)
+        pairs.append(("waiting", job.waiting))
     width = max(len(k) for k, _ in pairs)
     return "\n".join(f"{k.ljust(width)}  {printable(v)}" for k, v in pairs)
 

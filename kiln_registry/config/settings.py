@@ -179,6 +179,7 @@ class ServerConfig(KilnServerKeys, ServerGuardKeys, ServerEdgeKeys):
     # Access control and TLS (issue 15; rules in config.access).
     auth: Literal["required", "off"] | None = None
     metrics_public: StrictBool = False
+    public_docs: StrictBool = False  # issue 30: /openapi.json without a token
     tls_cert_file: ConfigPath | None = None
     tls_key_file: ConfigPath | None = None
     tls_client_ca_file: ConfigPath | None = None

@@ -6,7 +6,9 @@ credential id and model id), else the job fails "deleted or replaced after
 submission"; (b) both probes run against the pinned spec through the one
 probing seam (``teachers.probing.run_probes`` with ``pinned``, the job probe
 timeout, the job limiter) and the discovered identity must be the pinned one
-(``same_identity``); each probe leaves a scrubbed receipt on the alias; on
+(``same_identity``); each probe leaves a scrubbed receipt on the alias, and a
+failed one marks the alias unavailable as a failed re-probe does
+(``teachers.job_probes``: only the very registration the job pinned); on
 a replica-set alias every verified replica is proved at once, and those that
 fail are fenced (``jobs.core.endpoints``); (c) only then is a device leased
 and the score cache opened; (d) the pipeline of the job's kind
@@ -27,8 +29,9 @@ import asyncio
 import logging
 from typing import Final
 
+from kiln_registry.auth.store import audit_bounds
 from kiln_registry.credentials.resolve import ResolvedTeacher
-from kiln_registry.db.models import utc_timestamp
+from kiln_registry.db.models import TeacherRow, utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.domain.errors import (
     IdentityMismatch,
@@ -46,6 +49,7 @@ from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.service import PinnedTeacher, pin_teacher
 from kiln_registry.jobs.core.state import ClaimedJob, ClaimLost, JobCancelled, JobEnvironment
 from kiln_registry.jobs.kinds import JobPipeline, job_kind
+from kiln_registry.teachers.job_probes import PinnedRegistration, mark_failed_probe
 from kiln_registry.teachers.probing import (
     ProbeOutcome,
     ProbeSetup,
@@ -145,6 +149,8 @@ class JobRun:
             try:
                 pin: PinnedTeacher | None = pin_teacher(row, job.teacher_alias)
             except KilnError:
+                if self._same_registration(row):
+                    raise  # the pinned alias itself is unusable now (e.g. its probe failed)
                 pin = None
             if pin is None or not self._pinned_spec(pin):
                 raise IdentityMismatch(
@@ -157,6 +163,12 @@ class JobRun:
             ):
                 raise ClaimLost(job.id)
             return verified_replicas(row)
+
+    def _same_registration(self, row: TeacherRow) -> bool:
+        job = self.job
+        return row.created_at == job.teacher_created_at and row.identity_digest == (
+            job.identity_digest
+        )
 
     def _pinned_spec(self, pin: PinnedTeacher) -> bool:
         """Whether the registry's row still is the spec the job pinned (its identity too)."""
@@ -189,7 +201,11 @@ class JobRun:
         resolved = resolve_endpoint(
             env.config, job.teacher_url, job.teacher_credential_id, guard_hosts=False
         )
-        await self._prove(resolved)
+        try:
+            await self._prove(resolved)
+        except KilnError as exc:  # the teacher answered wrongly: as a failed re-probe
+            await asyncio.to_thread(self._mark_unavailable, exc)
+            raise
         await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
         return resolved
 
@@ -226,11 +242,13 @@ class JobRun:
             else:
                 proved.append((idx, outcome))
         if not proved:
-            raise ProbeFailed(
+            exhausted = ProbeFailed(
                 f"no replica of alias {self.job.teacher_alias!r} proved the pinned identity:"
                 f" {'; '.join(reasons)}",
                 rule=EXHAUSTED_RULE,
             )
+            await asyncio.to_thread(self._mark_unavailable, exhausted)
+            raise exhausted
         await asyncio.to_thread(self.claimed.update, probed_at=utc_timestamp())
         return proved
 
@@ -272,6 +290,25 @@ class JobRun:
             if failed is not None:
                 await asyncio.to_thread(self._receipt, failed)
             raise
+
+    def _mark_unavailable(self, exc: KilnError) -> None:
+        """The pinned alias becomes unavailable as after a failed re-probe (``job_probes``);
+        fenced by the claim, and only while the alias is still the registration pinned."""
+        job, env = self.job, self.claimed.env
+        pinned = PinnedRegistration(
+            alias=job.teacher_alias, created_at=job.teacher_created_at,
+            identity_digest=job.identity_digest, owner=job.owner,
+        )  # fmt: skip
+        with unit_of_work(env.sessions) as session:
+            if not JobRepository(session).update_claimed(job.id, self.claimed.token):
+                raise ClaimLost(job.id)
+            marked = mark_failed_probe(
+                session, pinned, exc, secret_names=env.config.secret_env_names(),
+                bounds=audit_bounds(env.config.server),
+            )  # fmt: skip
+        if marked:
+            log.warning("job %s: teacher alias %r marked unavailable after its probe failed",
+                        job.id, job.teacher_alias)  # fmt: skip
 
     def _receipt(self, receipt: Receipt) -> None:
         """Job probes leave receipts on the alias like re-probes do (scrubbed)."""

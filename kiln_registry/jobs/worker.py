@@ -22,7 +22,10 @@ reaches jobs held by other processes.  ``stop()`` cancels the tasks and
 waits for them: a job in progress goes back to ``queued``.  Start-up also
 finishes deletions a crash interrupted, and with ``[jobs] retain_days`` one
 more task deletes expired finished jobs at start and every
-``jobs.core.retention.SWEEP_INTERVAL_S`` (``jobs.core.retention``).
+``jobs.core.retention.SWEEP_INTERVAL_S`` (``jobs.core.retention``).  The process also
+keeps its ``job_workers`` heartbeat row (``jobs.core.liveness``) from start to stop,
+renewed every ``[jobs] lease_heartbeat_s``, so ``/ready`` can tell a queued job
+that no live worker will claim.
 
 Imports: standard library, ``kiln_registry.db`` and ``jobs``; never the API.
 """
@@ -41,6 +44,7 @@ from typing import Final
 
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.core.lease_repository import DeviceLeases
+from kiln_registry.jobs.core.liveness import WorkerBeats, WorkerSlot
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.repository import JobRepository
 from kiln_registry.jobs.core.retention import SWEEP_INTERVAL_S, recover_deletions, sweep_expired
@@ -71,6 +75,10 @@ class JobWorkers:
         self._cancels: dict[str, asyncio.Event] = {}
         self._stopping = False
         self.worker_id = worker_id()
+        self._slot = WorkerSlot(
+            worker_id=self.worker_id, host=socket.gethostname(), pid=os.getpid(),
+            slots=env.config.jobs.workers,
+        )  # fmt: skip
 
     def _recover(self) -> list[str]:
         """Requeue jobs whose lease expired; drop their partial corpora and device leases."""
@@ -90,8 +98,17 @@ class JobWorkers:
 
     def _start(self) -> None:
         self.env.signer = load_or_create_signer(key_path(self.env.config.server.state_path))
+        self._beat()
         self._recover()
         recover_deletions(self.env.config, self.env.sessions)
+
+    def _beat(self) -> None:
+        with unit_of_work(self.env.sessions) as session:
+            WorkerBeats(session).beat(self._slot, timeout_s=self.env.config.jobs.lease_timeout_s)
+
+    def _forget(self) -> None:
+        with unit_of_work(self.env.sessions) as session:
+            WorkerBeats(session).forget(self.worker_id)
 
     async def start(self) -> None:
         await asyncio.to_thread(self._start)
@@ -100,6 +117,7 @@ class JobWorkers:
             self._tasks.append(asyncio.create_task(self._loop(index), name=f"kiln-job-{index}"))
         if self.env.config.jobs.retain_days is not None:
             self._tasks.append(asyncio.create_task(self._sweep(), name="kiln-job-retention"))
+        self._tasks.append(asyncio.create_task(self._beats(), name="kiln-job-worker-beat"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -107,6 +125,10 @@ class JobWorkers:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        try:
+            await asyncio.to_thread(self._forget)
+        except Exception:  # the row then expires after [jobs] lease_timeout_s
+            log.exception("job worker %s: heartbeat row not removed", self.worker_id)
 
     def wake(self) -> None:
         self._wake.set()
@@ -161,6 +183,17 @@ class JobWorkers:
             except Exception:
                 log.exception("job retention sweep failed; retrying at the next interval")
             await asyncio.sleep(SWEEP_INTERVAL_S)
+
+    async def _beats(self) -> None:
+        """Renew this process's ``job_workers`` row every ``[jobs] lease_heartbeat_s``."""
+        while not self._stopping:
+            await asyncio.sleep(self.env.config.jobs.lease_heartbeat_s)
+            try:
+                await asyncio.to_thread(self._beat)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("job worker %s: heartbeat failed; retrying", self.worker_id)
 
     async def _run(self, job: JobRow) -> None:
         cancel = asyncio.Event()

@@ -18,6 +18,10 @@ the chosen formatter, the repeat cap (``observability.repeats.RepeatFilter``; ac
 records are exempt) and the redaction filters; uvicorn's loggers propagate
 to it and uvicorn's own access log is turned off by ``run_server``
 (``access_log=False``): the access layer writes the access log instead.
+httpx's one INFO line per outbound request (``HTTP Request: POST ... "HTTP/1.1
+400 Bad Request"``: every probe, the cap probe's expected 400 included, and
+every scoring request) is demoted to DEBUG (``DemoteToDebug``): the probe
+receipts and the job counters already record them.
 Imports the standard library, orjson, ``credentials.redaction`` and ``auth.tokens``.
 """
 
@@ -38,6 +42,17 @@ from kiln_registry.observability.request_id import current_request_id
 
 LOG_LEVELS: Final = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 UVICORN_LOGGERS: Final = ("uvicorn", "uvicorn.error", "uvicorn.access")
+DEMOTED_LOGGERS: Final = ("httpx",)  # per-request chatter of the outbound client
+
+
+class DemoteToDebug(logging.Filter):
+    """A logger filter: its INFO records become DEBUG ones, dropped unless DEBUG is enabled."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 class _Seconds:
@@ -145,4 +160,8 @@ def configure_logging(log_format: str, secret_env_names: frozenset[str], level: 
         logger.handlers[:] = []
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
+    for name in DEMOTED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DemoteToDebug) for f in logger.filters):
+            logger.addFilter(DemoteToDebug())
     install_redaction(secret_env_names)

@@ -14,7 +14,9 @@ It holds:
   teacher) and ``kiln_job_scoring_duration_seconds`` (one sequence's requests);
 * gauges read from the database at scrape time (``StateSnapshot``):
   ``kiln_teachers{status}``, ``kiln_jobs{status}``, ``kiln_job_queue_depth``
-  and ``kiln_job_worker_leases`` (device leases held by running jobs).
+  ``kiln_job_worker_leases`` (device leases held by running jobs),
+  ``kiln_job_workers_live`` (worker processes with a fresh heartbeat) and
+  ``kiln_job_oldest_queued_age_seconds``.
 
 No label is controlled by a caller without a bound: ``route`` is the router's
 path template (``/v1/teachers/{alias}``, never the alias), ``method`` is one
@@ -83,6 +85,8 @@ class StateSnapshot:
     teachers: Mapping[str, int] = field(default_factory=dict)
     jobs: Mapping[str, int] = field(default_factory=dict)
     worker_leases: int = 0
+    live_workers: int = 0
+    oldest_queued_age_s: float = 0.0
 
 
 class _StateCollector(Collector):
@@ -115,6 +119,16 @@ class _StateCollector(Collector):
             "kiln_job_worker_leases",
             "Device leases held by running jobs.",
             value=snap.worker_leases,
+        )
+        yield GaugeMetricFamily(
+            "kiln_job_workers_live",
+            "Job worker processes whose heartbeat is younger than [jobs] lease_timeout_s.",
+            value=snap.live_workers,
+        )
+        yield GaugeMetricFamily(
+            "kiln_job_oldest_queued_age_seconds",
+            "How long the oldest queued job has waited (0 when none is queued).",
+            value=snap.oldest_queued_age_s,
         )
 
 

@@ -140,7 +140,12 @@ async def launch_teacher(ctx: TeacherServices, alias: str) -> TeacherRow:
 
 
 def _reprobe_message(ctx: TeacherServices, alias: str, exc: KilnError) -> str:
-    text = redact_text(f"{exc.code}: {exc.message}", ctx.config.secret_env_names())
+    return reprobe_failure_message(ctx.config.secret_env_names(), alias, exc)
+
+
+def reprobe_failure_message(secret_names: frozenset[str], alias: str, exc: KilnError) -> str:
+    """The ``status_message`` of an alias whose re-probe, or a job's probe, failed."""
+    text = redact_text(f"{exc.code}: {exc.message}", secret_names)
     return (
         f"{REPROBE_FAILED} ({text}); POST /v1/teachers/{alias}/probe again once the teacher"
         f" answers as registered, or delete the alias and register it again {RELEASE_NOTE}"

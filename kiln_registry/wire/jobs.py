@@ -290,6 +290,11 @@ class JobPublic(WireModel):
         default=None,
         description="`kiln-logit-cache-v3` when the job also publishes Kiln logit-cache entries.",
     )
+    waiting: str | None = Field(
+        default=None,
+        description="Set on a queued job while no job worker is alive (`/ready` `workers`):"
+        " `no worker has claimed this job; start `kiln worker``.",
+    )
 
 
 class JobsListResponse(WireModel):

@@ -22,6 +22,7 @@ from kiln_registry.cli.serve_cmds import render_openapi
 from kiln_registry.credentials.redaction import install_redaction
 from kiln_registry.db.engine import head_revision
 from kiln_registry.testing.tiny_models import TinyModel
+from kiln_registry.version import package_version
 from tests.api.conftest import KEY_ENV, SECRET
 from tests.api.support import REPO, RegistryServer, error_of, remote, run_registry, write_config
 from tests.observability.support import metric_samples
@@ -36,8 +37,11 @@ def test_health_and_ready(registry: RegistryServer) -> None:
         assert http.get("/health").json() == {"status": "ok"}
         assert http.get("/ready").json() == {
             "status": "ready",
+            "version": package_version(),
             "database_revision": head_revision(),
             "teachers": 0,
+            # The embedded workers beat at start (issue 30, item 6).
+            "workers": {"live": 1, "embedded": True, "queued": 0, "oldest_queued_age_s": None},
         }
 
 

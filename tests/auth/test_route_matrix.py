@@ -127,3 +127,13 @@ def test_metrics_public_opens_ready_and_metrics_only(tmp_path: Path, tiny_model:
         assert http.get("/ready").status_code == 200
         assert http.get("/metrics").status_code == 200
         assert http.get("/v1/teachers").status_code == 401
+
+
+def test_public_docs_opens_the_schema_only(tmp_path: Path, tiny_model: TinyModel) -> None:
+    server = {"auth": "required", "public_docs": True}
+    config = write_config(tmp_path, student=tiny_model.path, server=server)
+    with run_registry(config) as registry, registry.client() as http:
+        assert http.get("/openapi.json").json()["info"]["title"]
+        assert http.post("/openapi.json").status_code == 401  # other methods: as before
+        for path in ("/v1/teachers", "/v1/keys", "/ready", "/metrics"):
+            assert http.get(path).status_code == 401, path

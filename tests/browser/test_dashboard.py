@@ -98,7 +98,7 @@ def test_dashboard_shows_teachers_receipts_and_a_job_progressing(
 
     warm = submit(live, CACHED)
     wait_for_job(tab, warm, "succeeded")
-    assert job_cells(tab, warm)[2:6] == ["succeeded", "4 / 4", "4", "0"]
+    assert job_cells(tab, warm)[2:8] == ["scoring", "4", "succeeded", "4 / 4", "4", "0"]
 
     live.gate.hold()
     job_id = submit(live, FRESH + CACHED)
@@ -108,7 +108,8 @@ def test_dashboard_shows_teachers_receipts_and_a_job_progressing(
     live.gate.open()
     wait_for_job(tab, job_id, "succeeded")
     cells = job_cells(tab, job_id)
-    assert cells[1:6] == [ALIAS, "succeeded", f"{total} / {total}", str(len(FRESH)), "4"]
+    assert cells[1:8] == [ALIAS, "scoring", "4", "succeeded", f"{total} / {total}",
+                          str(len(FRESH)), "4"]  # fmt: skip
     assert 0 < middle < total
     tab.screenshot(path=str(tmp_path / "dashboard-done.png"), full_page=True)
     assert log.problems == [] and csp_violations(tab) == []

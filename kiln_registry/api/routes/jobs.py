@@ -32,6 +32,8 @@ from kiln_registry.api.strict_body import StrictJsonRoute
 from kiln_registry.auth.middleware import STATE_KEY
 from kiln_registry.auth.tokens import TokenIdentity
 from kiln_registry.jobs.core import retention, service
+from kiln_registry.jobs.core.liveness import WorkerBeats
+from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.state import JobEnvironment
 from kiln_registry.jobs.kinds import job_kind
 from kiln_registry.jobs.worker import JobWorkers
@@ -40,7 +42,6 @@ from kiln_registry.wire.jobs import (
     JOB_ID_PATTERN,
     AnyJobCreate,
     DeleteJobResponse,
-    GenerationJobCreate,
     JobPublic,
     JobsListResponse,
     JobStatus,
@@ -70,6 +71,19 @@ def _viewer(request: Request) -> str | None:
     return identity.name
 
 
+def _live_workers(ctx: RegistryContext, rows: list[JobRow]) -> int | None:
+    """Live job workers, read only when one of ``rows`` is queued (else None: not needed)."""
+    if not any(row.status == JobStatus.queued for row in rows):
+        return None
+    with ctx.reading() as session:
+        return WorkerBeats(session).live_count(timeout_s=ctx.config.jobs.lease_timeout_s)
+
+
+async def _public(ctx: RegistryContext, rows: list[JobRow]) -> list[JobPublic]:
+    live = await run_in_threadpool(_live_workers, ctx, rows)
+    return [job_public(row, live) for row in rows]
+
+
 @router.post(
     "",
     operation_id="submitJob",
@@ -86,7 +100,7 @@ async def submit_job(body: AnyJobCreate, ctx: Ctx, request: Request) -> JobPubli
     workers = _workers(request)
     if workers is not None:
         workers.wake()
-    return job_public(row)
+    return (await _public(ctx, [row]))[0]
 
 
 @router.get(
@@ -112,7 +126,7 @@ async def list_jobs(
     more = None
     if len(rows) > limit:
         more = encode_key("jobs", rows[limit - 1].created_at, rows[limit - 1].id)
-    return JobsListResponse(jobs=[job_public(r) for r in rows[:limit]], next_cursor=more)
+    return JobsListResponse(jobs=await _public(ctx, rows[:limit]), next_cursor=more)
 
 
 @router.get(
@@ -121,7 +135,7 @@ async def list_jobs(
 async def get_job(job_id: JobId, ctx: Ctx, request: Request) -> JobPublic:
     """One job: the caller's own (another token's is `404 job_not_found`), any for `admin`."""
     row = await run_in_threadpool(service.get_job, ctx.sessions, job_id, _viewer(request))
-    return job_public(row)
+    return (await _public(ctx, [row]))[0]
 
 
 @router.post(

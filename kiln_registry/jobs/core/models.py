@@ -2,7 +2,8 @@
 
 Owns the Python view of ``jobs``, ``job_sequences``, ``score_cache``,
 ``generation_cache`` and ``device_leases`` (created by ``migrations/versions/0002_jobs.py``,
-``0005_off_policy_generation.py`` and ``0006_worker_leases.py``, the schema's owners) and
+``0005_off_policy_generation.py``, ``0006_worker_leases.py`` and ``0012_ux2_worker_heartbeats.py``
+(``job_workers``), the schema's owners) and
 the allowed values of their CHECK columns.  The rows share ``kiln_registry.db.models.Base`` so
 ``db.models.metadata`` describes the whole migrated schema once this module is
 imported.
@@ -166,3 +167,17 @@ class DeviceLeaseRow(Base):
     job_id: Mapped[str] = mapped_column(Text)
     claim_token: Mapped[str] = mapped_column(Text)
     acquired_at: Mapped[str] = mapped_column(Text)
+
+
+class WorkerRow(Base):
+    """One live (or dead, once ``seen_at`` is stale) job worker process (0012)."""
+
+    __tablename__ = "job_workers"
+    __table_args__ = (Index("ix_job_workers_seen_at", "seen_at"),)
+
+    worker_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    host: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    slots: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[str] = mapped_column(Text)
+    seen_at: Mapped[str] = mapped_column(Text)

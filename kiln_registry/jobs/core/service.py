@@ -100,8 +100,10 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
         and row.model_id is not None
     )
     if not usable:
+        # An unavailable alias says why (a failed re-probe or job probe names what to do).
+        why = f"{row.status}: {row.status_message}" if row.status_message else row.status
         raise IdentityRequired(
-            f"teacher alias {alias!r} has no verified, usable identity (status {row.status})",
+            f"teacher alias {alias!r} has no verified, usable identity (status {why})",
             hint=IdentityRequired.default_hint,
         )
     assert row.identity_json and row.identity_digest and row.url and row.model_id

@@ -6,6 +6,7 @@
 (function () {
   const KEY = "kiln-token";
   const SCHEME = "bearerAuth";
+  const CREATE_TOKEN = "kiln tokens create --config kiln.toml --name NAME --scope read";
   const form = document.getElementById("token-form");
   const input = document.getElementById("token-input");
   const reason = document.getElementById("token-reason");
@@ -20,8 +21,22 @@
     return value ? { Authorization: "Bearer " + value } : {};
   }
 
-  function askForToken(message) {
-    reason.textContent = message;
+  function code(text) {
+    const node = document.createElement("code");
+    node.textContent = text;
+    return node;
+  }
+
+  // One line: why the reference is empty, and how to get a token (or publish the schema).
+  function askForToken(lead) {
+    reason.replaceChildren(
+      (lead ? lead + " " : "") + "The API reference is empty because this registry's schema" +
+        " needs an API token with the read scope: create one with ",
+      code(CREATE_TOKEN),
+      " and paste it below (or set ",
+      code("[server] public_docs = true"),
+      " to publish the schema).",
+    );
     form.hidden = false;
     input.focus();
   }
@@ -83,14 +98,14 @@
       return;
     }
     if (response.status === 401 || response.status === 403) {
-      let message = "the registry refused the token";
+      let message = "refused";
       try {
         message = (await response.json()).error.message;
       } catch (err) {
         // keep the generic message
       }
       status.textContent = "";
-      askForToken(message + ": enter a token with scope read.");
+      askForToken(token() ? "The registry refused this token (" + message + ")." : "");
       return;
     }
     if (!response.ok) {

@@ -1,4 +1,6 @@
-// /ui: the operator dashboard over the JSON API, refreshed every REFRESH_MS.
+// /ui: the operator dashboard over the JSON API, refreshed every REFRESH_MS (each
+// request says `X-Kiln-Refresh: 1`, so the server logs them at DEBUG and sums them up
+// once a minute at INFO).  Times are shown in UTC, as the API gives them.
 // Every value from the registry is written with textContent (never as HTML), so
 // aliases, notes and error messages cannot inject markup.  The token lives in this
 // tab's sessionStorage and is sent only as `Authorization: Bearer`.
@@ -9,6 +11,7 @@
   const TEACHERS_PAGE = 50;
   const JOBS_PAGE = 50;
   const RECEIPTS_PAGE = 20;
+  const CREATE_TOKEN = "kiln tokens create --config kiln.toml --name NAME --scope read";
   const BADGES = new Set(["verified", "configured", "legacy_unverified", "unavailable", "queued",
     "probing", "running", "succeeded", "failed", "cancelled", "passed", "yes", "no"]);
 
@@ -28,7 +31,9 @@
 
   function headers() {
     const token = sessionStorage.getItem(KEY);
-    return token ? { Authorization: "Bearer " + token } : {};
+    const sent = { "X-Kiln-Refresh": "1" };
+    if (token) sent.Authorization = "Bearer " + token;
+    return sent;
   }
 
   async function api(path) {
@@ -88,6 +93,13 @@
     body.replaceChildren(...rows);
   }
 
+  // "2026-12-03T14:08:36.123456Z" -> "2026-12-03 14:08:36" (the column says UTC).
+  function utc(stamp) {
+    if (!stamp) return null;
+    const match = /^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)/.exec(stamp);
+    return match ? match[1] + " " + match[2] : stamp;
+  }
+
   function short(revision) {
     return revision ? revision.replace(/^sha256:/, "").slice(0, 16) : null;
   }
@@ -117,11 +129,18 @@
       statusCell(entry),
       badge(entry.usable ? "yes" : "no"),
       mono(short(entry.identity_revision)),
-      mono(last ? last.created_at : null),
+      mono(utc(last ? last.created_at : null)),
       last ? badge(last.outcome) : "-",
       entry.spec.notes || "",
     ]);
     tr.dataset.alias = alias;
+    // Anywhere on the row selects the teacher; the button keeps it reachable by keyboard.
+    tr.title = "show the receipts of this teacher";
+    tr.addEventListener("click", (event) => {
+      if (event.target === button) return;
+      selected = alias;
+      refresh();
+    });
     if (alias === selected) tr.classList.add("selected");
     return tr;
   }
@@ -159,7 +178,7 @@
     const answer = await api(path);
     const rows = answer.receipts.map((r) => row([
       r.id,
-      mono(r.created_at),
+      mono(utc(r.created_at)),
       badge(r.outcome),
       mono(short(r.identity_revision)),
       r.report.attempts.map((a) => a.purpose + " K=" + a.k + " " + (a.status_code || "-")).join(", "),
@@ -179,18 +198,29 @@
     return wrap;
   }
 
+  function jobStatusCell(job) {
+    const wrap = document.createElement("span");
+    wrap.appendChild(badge(job.status));
+    // A queued job no live worker will claim says so (and what to start).
+    if (job.waiting) wrap.appendChild(el("small", job.waiting, "message waiting"));
+    return wrap;
+  }
+
   function jobRow(job) {
     const error = job.error ? [job.error.code, job.error.message].filter(Boolean).join(": ") : "";
+    const kind = job.kind === "off_policy_generation" ? "generation" : "scoring";
     const tr = row([
       mono(job.id),
       job.teacher,
-      badge(job.status),
+      kind,
+      job.top_k,
+      jobStatusCell(job),
       progressCell(job.progress),
       job.progress.scored,
       job.progress.cache_hits,
       job.progress.requests + " (" + job.progress.retries + ")",
       { td: el("td", error, "error") },
-      mono(job.timestamps.updated_at),
+      mono(utc(job.timestamps.updated_at)),
     ]);
     tr.dataset.job = job.id;
     tr.dataset.status = job.status;
@@ -199,14 +229,40 @@
 
   async function jobs() {
     const answer = await api("/v1/jobs?limit=" + JOBS_PAGE);
-    fill("jobs", answer.jobs.map(jobRow), "no jobs", 9);
+    fill("jobs", answer.jobs.map(jobRow), "no jobs", 11);
   }
 
-  function askForToken(message) {
+  // The header: the registry's version and its job workers (GET /ready).
+  async function header() {
+    const ready = await api("/ready");
+    $("version").textContent = "v" + ready.version;
+    const workers = $("workers");
+    const live = ready.workers.live;
+    workers.classList.toggle("none", live === 0);
+    if (live === 0) {
+      workers.textContent = "no live job worker" +
+        (ready.workers.queued ? " (" + ready.workers.queued + " queued): start `kiln worker`" : "");
+    } else {
+      workers.textContent = live + (live === 1 ? " job worker" : " job workers") + " live";
+    }
+  }
+
+  // The token prompt, as a sentence; `lead` says what happened first, if anything.
+  function tokenReason(lead) {
+    const code = el("code", CREATE_TOKEN);
+    return [
+      (lead ? lead + " " : "") + "This registry needs an API token with the read scope." +
+        " Create one with ",
+      code,
+      " on the registry's host, then paste it below.",
+    ];
+  }
+
+  function askForToken(lead) {
     stop();
     $("board").hidden = true;
     $("forget").hidden = true;
-    $("token-reason").textContent = message;
+    $("token-reason").replaceChildren(...tokenReason(lead));
     form.hidden = false;
     state.textContent = "";
     $("token-input").focus();
@@ -221,14 +277,15 @@
     stop();
     const mine = ++generation;
     try {
-      await Promise.all([teachers(), receipts(), jobs()]);
+      await Promise.all([header(), teachers(), receipts(), jobs()]);
       $("board").hidden = false;
       form.hidden = true;
       $("forget").hidden = !sessionStorage.getItem(KEY);
-      state.textContent = "updated " + new Date().toLocaleTimeString();
+      state.textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";
     } catch (err) {
       if (err instanceof Refused && (err.status === 401 || err.status === 403)) {
-        askForToken(err.message + ": enter a token with scope read.");
+        const had = sessionStorage.getItem(KEY);
+        askForToken(had ? "The registry refused this token (" + err.message + ")." : "");
         return;
       }
       state.textContent = "refresh failed: " + err.message;
