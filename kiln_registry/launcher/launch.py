@@ -37,6 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -52,9 +53,11 @@ from kiln_registry.launcher.front import (
     socket_path,
     vllm_transport,
 )
-from kiln_registry.launcher.fsops import reporter
+from kiln_registry.launcher.measure_launch import stage_and_measure
+from kiln_registry.launcher.phases import PhaseClock
 from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
+from kiln_registry.launcher.roots import check_distinct_roots
 from kiln_registry.launcher.staging import (
     PrivateCache,
     Progress,
@@ -62,7 +65,6 @@ from kiln_registry.launcher.staging import (
     create_private_cache,
     remove_private_cache,
     remove_snapshot,
-    stage_snapshot,
     verify_snapshot,
 )
 from kiln_registry.launcher.supervisor import (
@@ -73,18 +75,9 @@ from kiln_registry.launcher.supervisor import (
     ProcessGroup,
     check_inherited_group,
 )
-from kiln_registry.launcher.teacher_input import (
-    RuntimePart,
-    measure_runtime,
-    recheck_argv,
-    run_recheck,
-    staged_model_part,
-    teacher_input,
-)
 from kiln_registry.launcher.vllm_command import (
     AdapterLaunch,
     base_model_name,
-    compose_launch_identity,
     health_target,
     redact_argv,
     require_vllm_build,
@@ -134,7 +127,9 @@ class PreparedLaunch:
     argv: tuple[str, ...] = field(repr=False)
     redacted_argv: tuple[str, ...]
     vllm_target: HealthTarget | None = None
+    spawned_at: float = 0.0
     front: Front | None = field(default=None, repr=False)
+    clock: PhaseClock = field(default_factory=PhaseClock, repr=False)
     closed: bool = False
 
     @property
@@ -160,15 +155,23 @@ class PreparedLaunch:
         """Verify the snapshot, announce, and start vLLM in its process group."""
         if self.closed:
             raise LauncherError("this launch was already closed", rule="launcher.closed")
-        verify_snapshot(self.snapshot, limiter=self.limiter)
+        with self.clock.phase("verify"):
+            verify_snapshot(self.snapshot, limiter=self.limiter)
         if announce is not None:
             announce(self)
         try:
             group = ProcessGroup(self.argv, self.child_env, mode=self.request.process_group_mode)
         except LauncherError:
-            self.attempts.record(pid=None, argv=self.redacted_argv, outcome="spawn_failed")
+            self.attempts.record(
+                pid=None, argv=self.redacted_argv, outcome="spawn_failed", timings=self.timings()
+            )
             raise
+        self.spawned_at = time.monotonic()
         return LaunchedTeacher(self, group)
+
+    def timings(self) -> dict[str, object]:
+        """The phase timings so far (the attempts log and ``--timings`` carry them)."""
+        return self.clock.document()
 
     def close(self) -> None:
         """Remove the snapshot, the cache and the socket directory (idempotent)."""
@@ -208,13 +211,18 @@ class LaunchedTeacher:
     def wait_ready(self, deadline: float) -> None:
         """Poll /health until ready or ``deadline`` (a ``time.monotonic()`` value): vLLM's
         socket first, then (with the gateway) start the gateway and poll the public port."""
-        prepared = self.prepared
+        prepared, clock = self.prepared, self.prepared.clock
         outcome = self.group.wait_ready(prepared.vllm_target or prepared.target, deadline)
+        clock.end("vllm_ready", prepared.spawned_at)
         if outcome == "ready" and prepared.front is not None:
-            self.group.start_front(prepared.front)
-            outcome = self.group.wait_ready(prepared.target, deadline)
+            with clock.phase("gateway"):
+                self.group.start_front(prepared.front)
+                outcome = self.group.wait_ready(prepared.target, deadline)
         self.prepared.attempts.record(
-            pid=self.group.pid, argv=self.prepared.redacted_argv, outcome=outcome
+            pid=self.group.pid,
+            argv=self.prepared.redacted_argv,
+            outcome=outcome,
+            timings=prepared.timings(),
         )
         if outcome != "ready":
             self.group.drain(grace=DEFAULT_STOP_GRACE)
@@ -239,19 +247,6 @@ class LaunchedTeacher:
         self.stop()
 
 
-def _measure_runtime(
-    limiter: ReadRateLimiter, env: Mapping[str, str], python: str, progress: Progress | None
-) -> RuntimePart:
-    """The runtime digest; ``progress("runtime", bytes hashed, 0)`` (total unknown) as it goes."""
-    if progress is None:
-        return measure_runtime(limiter, env, python=python)
-    limiter.observer = reporter(progress, "runtime", 0)
-    try:
-        return measure_runtime(limiter, env, python=python)
-    finally:
-        limiter.observer = None
-
-
 def prepare_launch(
     request: LauncherRequest,
     env: Mapping[str, str],
@@ -259,29 +254,23 @@ def prepare_launch(
     progress: Progress | None = None,
     python: str = sys.executable,
     stop_grace: float = DEFAULT_STOP_GRACE,
+    clock: PhaseClock | None = None,
 ) -> PreparedLaunch:
     """Everything before spawn; on any failure what was created is removed."""
-    model_path, snapshot_root, cache_root = _launch_paths(request)
-    decision = check_launch_environment(env)
-    gateway_key(request, env)  # a missing or malformed key fails before any staging
-    build = require_vllm_build()
-    _check_group_mode(request.process_group_mode)
-    target = health_target(request.vllm_options)
-    check_port_free(target, request.vllm_options.host)
+    clock = clock or PhaseClock()
+    with clock.phase("resolve"):
+        paths = _launch_paths(request)
+        decision = check_launch_environment(env)
+        gateway_key(request, env)  # a missing or malformed key fails before any staging
+        build = require_vllm_build()
+        _check_group_mode(request.process_group_mode)
+        target = health_target(request.vllm_options)
+        check_port_free(target, request.vllm_options.host)
+        check_distinct_roots(paths[0], request.adapter_path, paths[1], paths[2])
     limiter = ReadRateLimiter(request.max_provenance_read_mib_per_second)
     created: list[object] = []
     try:
-        snapshot = stage_snapshot(
-            model_path,
-            request.adapter_path,
-            snapshot_root,
-            limiter=limiter,
-            progress=progress,
-            cache_root=cache_root,
-        )
-        created.append(snapshot)
-        model = staged_model_part(snapshot, limiter=limiter)
-        cache = create_private_cache(cache_root)
+        cache = create_private_cache(paths[2])
         created.append(cache)
         socket_dir = tempfile.mkdtemp(prefix=f"kiln-{os.getpid()}-", dir=SOCKET_PARENT)
         created.append(socket_dir)
@@ -290,13 +279,12 @@ def prepare_launch(
             "VLLM_CACHE_ROOT": str(cache.path),
             "TMPDIR": socket_dir,
         }
-        runtime = _measure_runtime(limiter, child_env, python, progress)
-        inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
-        composed = compose_launch_identity(request, inputs, child_env)
+        snapshot, inputs, composed = stage_and_measure(
+            request, paths, child_env, limiter=limiter, python=python, progress=progress,
+            clock=clock, created=created,
+        )  # fmt: skip
         uds = socket_path(socket_dir) if request.gateway else None
-        argv = _recheck_and_build_argv(
-            request, snapshot, inputs, composed, child_env, python=python, build=build, uds=uds
-        )
+        argv = _build_argv(request, snapshot, inputs, composed, python=python, build=build, uds=uds)
         alias = base_model_name(inputs.base_model_sha256) if inputs.adapter else None
         front = (
             None
@@ -317,12 +305,13 @@ def prepare_launch(
         socket_dir=socket_dir,
         limiter=limiter,
         target=target,
-        attempts=AttemptsLog(os.path.join(cache_root, ATTEMPTS_NAME)),
+        attempts=AttemptsLog(os.path.join(paths[2], ATTEMPTS_NAME)),
         child_env=child_env,
         argv=tuple(argv),
         redacted_argv=tuple(redact_argv(argv)),
         vllm_target=HealthTarget(uds=uds) if uds is not None else None,
         front=front,
+        clock=clock,
     )
 
 
@@ -333,30 +322,18 @@ def _check_group_mode(mode: str) -> None:
         raise LauncherError("unknown process-group mode", rule="launcher.value")
 
 
-def _recheck_and_build_argv(
+def _build_argv(
     request: LauncherRequest,
     snapshot: StagedSnapshot,
     inputs: TeacherInput,
     composed: ComposedIdentity,
-    child_env: Mapping[str, str],
     *,
     python: str,
     build: str,
     uds: str | None,
 ) -> list[str]:
-    """Run the pre-spawn recheck child over the snapshot, then build vLLM's argv."""
+    """vLLM's argv over the staged snapshot (the recheck has already agreed)."""
     adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
-    run_recheck(
-        recheck_argv(
-            str(snapshot.model_path),
-            adapter_dir,
-            served_model_id=request.served_model_id,
-            rate_mib_per_second=request.max_provenance_read_mib_per_second,
-            python=python,
-        ),
-        child_env,
-        expected=inputs,
-    )
     return vllm_server_argv(
         python=python,
         model_path=str(snapshot.model_path),
@@ -371,6 +348,7 @@ def _recheck_and_build_argv(
 
 
 def _launch_paths(request: LauncherRequest) -> tuple[str, str, str]:
+    """(model path, snapshot root, cache root)."""
     if request.model_path is None or request.identity_input is not None:
         raise LauncherError(
             "a launch needs --model-path and never takes --identity-input", rule="launcher.mode"

@@ -45,7 +45,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kiln_registry.domain.errors import LauncherError, PolicyError
@@ -54,6 +54,7 @@ from kiln_registry.launcher.attempts import (
     MAX_ATTEMPTS_LOG_BYTES,
     AttemptsLog,
 )
+from kiln_registry.launcher.phases import PhaseClock
 from kiln_registry.launcher.readiness import (
     HEALTH_TIMEOUT_SECONDS,
     HealthTarget,
@@ -319,22 +320,35 @@ def supervise(
     redacted_argv: Sequence[str],
     options: SuperviseOptions = SuperviseOptions(),
     front: Front | None = None,
+    clock: PhaseClock | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> int:
     """Run the group in the foreground; return the launcher's exit status.
 
     128+N when signal N arrived; the status of the child that exited first
     when one exits by itself; a ``LauncherError`` (status 2) when readiness
     misses its deadline.  With a ``front`` it starts once ``target`` is ready,
-    and readiness then means the front's ``/health``.
+    and readiness then means the front's ``/health``.  ``clock`` (started
+    phases of the launch) gets ``vllm_ready`` and ``gateway``; the attempts
+    log line carries its document.
     """
     gate.record_only()
-    deadline = time.monotonic() + options.ready_timeout
+    clock = clock or PhaseClock()
+    started = time.monotonic()
+    deadline = started + options.ready_timeout
     outcome = group.wait_ready(target, deadline, gate)
+    clock.end("vllm_ready", started)
     if outcome == "ready" and front is not None:
-        group.start_front(front)
-        target = front.target
-        outcome = group.wait_ready(target, deadline, gate)
-    attempts.record(pid=group.pid, argv=redacted_argv, outcome=_describe(outcome, group, gate))
+        with clock.phase("gateway"):
+            group.start_front(front)
+            target = front.target
+            outcome = group.wait_ready(target, deadline, gate)
+    attempts.record(
+        pid=group.pid,
+        argv=redacted_argv,
+        outcome=_describe(outcome, group, gate),
+        timings=clock.document(),
+    )
     if outcome == "deadline":
         group.drain(signal.SIGTERM, grace=options.grace)
         raise LauncherError(
@@ -344,6 +358,8 @@ def supervise(
         )
     if outcome == "ready":
         sys.stderr.write(f"kiln-teacher: ready at {target.url}\n")
+        if on_ready is not None:
+            on_ready()
         while gate.first is None and group.exited() is None:
             time.sleep(POLL_SECONDS)
     if gate.first is not None:
