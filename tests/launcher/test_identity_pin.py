@@ -16,12 +16,14 @@ changed their bytes would change these values too, and then the test says so.
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import pytest
 
 from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import Accelerator, AcceleratorDevice
+from kiln_registry.launcher.identity_probe import IdentityProbe
 from kiln_registry.launcher.policy import parse_launcher_argv
 from kiln_registry.launcher.staging import remove_snapshot, stage_snapshot
 from kiln_registry.launcher.teacher_input import RuntimePart, staged_model_part, teacher_input
@@ -105,9 +107,14 @@ def _launch_identity(tmp_path: Path, model: Path, adapter: Path | None) -> dict[
     root.mkdir(mode=0o700)
     limiter = ReadRateLimiter(None)
     staged = stage_snapshot(model, adapter, root, limiter=limiter)
+    probe = IdentityProbe(dict(ENV), python=sys.executable)
     try:
         part = staged_model_part(staged, limiter=limiter)
+        # The launch asks the identity-probe child (Transformers out of this process).
+        assert staged_model_part(staged, limiter=limiter, tokenizer=probe.tokenizer) == part
+        assert probe.accelerator().devices  # read before the tokenizer line
     finally:
+        probe.close()
         remove_snapshot(staged)
     composed = compose_launch_identity(
         request, teacher_input(part, RUNTIME, served_model_id="pinned"), ENV
