@@ -69,8 +69,10 @@ def child_env() -> dict[str, str]:
     return {**env, **CHILD_ENV}
 
 
-def time_to_ready(argv: list[str], port: int, log: Path) -> tuple[float, list[str]]:
-    """Seconds from start to /health 200; the stdout lines read by then; the process stopped."""
+def time_to_ready(
+    argv: list[str], port: int, log: Path, *, lines: int = 0
+) -> tuple[float, list[str]]:
+    """Seconds from start to /health 200; then (after ``lines`` stdout lines) stop it."""
     started = time.monotonic()
     with log.open("ab") as sink:
         proc = subprocess.Popen(
@@ -84,13 +86,16 @@ def time_to_ready(argv: list[str], port: int, log: Path) -> tuple[float, list[st
                 raise SystemExit(f"bench_launch: not ready in {READY_TIMEOUT_S:g} s; see {log}")
             time.sleep(0.1)
         ready = time.monotonic() - started
+        assert proc.stdout is not None
+        # kiln-teacher prints its --timings line just after its own readiness check.
+        read = [proc.stdout.readline().decode("utf-8", "replace") for _ in range(lines)]
         proc.send_signal(signal.SIGTERM)  # kiln-teacher drains vLLM and the gateway itself
-        out, _ = proc.communicate(timeout=STOP_GRACE_S)
+        proc.communicate(timeout=STOP_GRACE_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return ready, out.decode("utf-8", "replace").splitlines()
+    return ready, read
 
 
 def bare_argv(model: Path, port: int) -> list[str]:
@@ -128,7 +133,9 @@ def run_round(index: int, model: Path, tmp: Path, report: dict[str, Any]) -> Non
             seconds, _ = time_to_ready(bare_argv(model, port), port, tmp / "bare.log")
             report["bare_s"].append(round(seconds, 3))
         else:
-            seconds, lines = time_to_ready(kiln_argv(model, port, tmp), port, tmp / "kiln.log")
+            seconds, lines = time_to_ready(
+                kiln_argv(model, port, tmp), port, tmp / "kiln.log", lines=2
+            )
             phases = timings_of(lines)
             report["kiln_s"].append(round(seconds, 3))
             report["phases"].append(phases)
