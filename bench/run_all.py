@@ -144,6 +144,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                0.5, True),
     ), "`GET /v1/teachers/{alias}` with auth on, quiet vs during a registration flood and a "
        "job flood by one token (8 concurrent loops)"),
+    Benchmark("launch", ("bench_launch.py", "--rounds", "5"), (
+        Figure("kiln-teacher / bare vLLM (start to /health 200)",
+               lambda r: _pairs(r, "kiln_s", "bare_s"), 1.15, False),
+        Figure("kiln-teacher before vLLM's spawn", lambda r: r["pre_spawn_s"], 5, False, " s"),
+    ), "`kiln-teacher` vs bare vLLM (`api_server`, same flags) on the tiny float32 Llama, "
+       "gateway on; the phase table is the report's `phase_median_s`"),
 )  # fmt: skip
 
 

@@ -1,8 +1,9 @@
 """The startup-attempts log of a supervised launch.
 
 ``AttemptsLog``: one JSON line per startup attempt (time, pid, redacted
-argv, outcome), appended with a single ``write`` to a 0600 file opened with
-``O_APPEND | O_NOFOLLOW``, rotated once to ``<name>.1`` past 1 MiB.
+argv, outcome, and the launch's phase timings when given), appended with a
+single ``write`` to a 0600 file opened with ``O_APPEND | O_NOFOLLOW``,
+rotated once to ``<name>.1`` past 1 MiB.
 Re-exported by ``launcher.supervisor``.
 
 Imports: standard library and ``kiln_registry.domain.errors`` only.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from kiln_registry.domain.errors import LauncherError
@@ -55,13 +56,23 @@ class AttemptsLog:
             ) from None
         return self._open()
 
-    def record(self, *, pid: int | None, argv: Sequence[str], outcome: str) -> None:
-        entry = {
+    def record(
+        self,
+        *,
+        pid: int | None,
+        argv: Sequence[str],
+        outcome: str,
+        timings: Mapping[str, object] | None = None,
+    ) -> None:
+        """Append one line; ``timings`` is the launch's phase document (``launcher.phases``)."""
+        entry: dict[str, object] = {
             "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "pid": pid,
             "argv": list(argv),
             "outcome": outcome,
         }
+        if timings is not None:
+            entry["timings"] = dict(timings)
         line = (json.dumps(entry, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
         if len(line) > MAX_ATTEMPT_LINE_BYTES:
             entry["argv"] = ["<argv too long to log>"]

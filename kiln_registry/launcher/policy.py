@@ -92,7 +92,7 @@ _CHECKED_FLAGS: Mapping[str, ValueRule] = {
     API_KEY_ENV_FLAG: check_api_key_env,
 }
 _VALUE_FLAGS = _PATH_FLAGS | {"served-model-id"} | frozenset(_CHECKED_FLAGS)
-_SWITCH_FLAGS = frozenset({"manifest-only", "dry-run"})
+_SWITCH_FLAGS = frozenset({"manifest-only", "dry-run", "timings"})
 _REQUIRED_FLAGS = ("served-model-id", "max-top-k", "max-model-len")
 
 
@@ -119,6 +119,7 @@ class LauncherRequest:
     vllm_options: VllmOptions
     gateway: bool = True
     api_key_env: str | None = None
+    timings: bool = False
 
     @property
     def manifest_only(self) -> bool:
@@ -190,6 +191,7 @@ def _request(
         vllm_options=options,
         gateway=flags.get(GATEWAY_FLAG, GATEWAY_ON) == GATEWAY_ON,
         api_key_env=flags.get(API_KEY_ENV_FLAG),
+        timings="timings" in flags,
     )
 
 

@@ -34,6 +34,7 @@ from kiln_registry.identity.digests import (
     runtime_content_sha256,
 )
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_files
+from kiln_registry.launcher.runtime_record import record_names
 
 RUNTIME_PACKAGES: tuple[str, ...] = ("vllm", "torch", "transformers", "tokenizers")
 MAX_FILES = 250_000
@@ -103,6 +104,7 @@ class _Inventory:
     total_bytes: int = 0
     label_bytes: int = 0
     _parents: dict[str, str] = field(default_factory=dict)
+    _seen: dict[str, os.stat_result] = field(default_factory=dict)
 
     def _label(self, label: str, depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -172,6 +174,7 @@ class _Inventory:
         self._label(label, depth)
         self.total_bytes += info.st_size
         self.sizes[resolved] = info.st_size
+        self._seen[resolved] = info
         self.files[label] = resolved
 
     def locate(self, path: str, label: str) -> tuple[str, os.stat_result]:
@@ -186,6 +189,9 @@ class _Inventory:
                 self._parents.clear()  # a bound on the cache, not on the inventory
             real_parent = self._parents[parent] = _resolve(parent, label)
         candidate = os.path.join(real_parent, name)
+        seen = self._seen.get(candidate)
+        if seen is not None:  # a regular file this inventory already recorded
+            return candidate, seen
         try:
             info = os.lstat(candidate)
         except OSError:
@@ -322,10 +328,10 @@ def _add_package(inv: _Inventory, package: str) -> None:
             _scan_tree(inv, resolved, info, f"{base}/metadata")
         else:
             inv.add_file(f"{base}/metadata/{meta.name}", resolved, info, 1)
-    entries = dist.files
-    if entries is None:
+    names = record_names(dist)
+    if names is None:
         return  # legacy editable installs have no RECORD; the import tree covers them
-    names = sorted((str(entry) for entry in entries), key=os.fsencode)
+    names.sort(key=os.fsencode)
     # PathDistribution.locate_file joins the entry to the metadata folder's parent.
     top = os.fspath(meta.parent) if isinstance(meta, Path) else None
     for name in names:

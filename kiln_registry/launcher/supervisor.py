@@ -45,7 +45,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kiln_registry.domain.errors import LauncherError, PolicyError
@@ -54,6 +54,7 @@ from kiln_registry.launcher.attempts import (
     MAX_ATTEMPTS_LOG_BYTES,
     AttemptsLog,
 )
+from kiln_registry.launcher.phases import PhaseClock
 from kiln_registry.launcher.readiness import (
     HEALTH_TIMEOUT_SECONDS,
     HealthTarget,
@@ -319,22 +320,44 @@ def supervise(
     redacted_argv: Sequence[str],
     options: SuperviseOptions = SuperviseOptions(),
     front: Front | None = None,
+    clock: PhaseClock | None = None,
+    on_ready: Callable[[], None] | None = None,
+    before_front: Callable[[Callable[[], bool]], bool] | None = None,
 ) -> int:
     """Run the group in the foreground; return the launcher's exit status.
 
     128+N when signal N arrived; the status of the child that exited first
     when one exits by itself; a ``LauncherError`` (status 2) when readiness
     misses its deadline.  With a ``front`` it starts once ``target`` is ready,
-    and readiness then means the front's ``/health``.
+    and readiness then means the front's ``/health``.  ``clock`` (started
+    phases of the launch) gets ``vllm_ready`` and ``gateway``; the attempts
+    log line carries its document.  ``before_front`` (the deferred identity
+    recheck, told how to see a signal) runs between the server's readiness and
+    the front's start; a ``LauncherError`` from it drains the group and is
+    raised.
     """
     gate.record_only()
-    deadline = time.monotonic() + options.ready_timeout
+    clock = clock or PhaseClock()
+    started = time.monotonic()
+    deadline = started + options.ready_timeout
     outcome = group.wait_ready(target, deadline, gate)
+    clock.end("vllm_ready", started)
+    checked = outcome != "ready" or front is None
+    if not checked and not _before_front(
+        before_front, group, gate, attempts, redacted_argv, clock, options
+    ):
+        outcome = "signal" if gate.received else "exited"
     if outcome == "ready" and front is not None:
-        group.start_front(front)
-        target = front.target
-        outcome = group.wait_ready(target, deadline, gate)
-    attempts.record(pid=group.pid, argv=redacted_argv, outcome=_describe(outcome, group, gate))
+        with clock.phase("gateway"):
+            group.start_front(front)
+            target = front.target
+            outcome = group.wait_ready(target, deadline, gate)
+    attempts.record(
+        pid=group.pid,
+        argv=redacted_argv,
+        outcome=_describe(outcome, group, gate),
+        timings=clock.document(),
+    )
     if outcome == "deadline":
         group.drain(signal.SIGTERM, grace=options.grace)
         raise LauncherError(
@@ -344,6 +367,8 @@ def supervise(
         )
     if outcome == "ready":
         sys.stderr.write(f"kiln-teacher: ready at {target.url}\n")
+        if on_ready is not None:
+            on_ready()
         while gate.first is None and group.exited() is None:
             time.sleep(POLL_SECONDS)
     if gate.first is not None:
@@ -355,6 +380,28 @@ def supervise(
     if outcome == "ready":
         attempts.record(pid=group.pid, argv=redacted_argv, outcome=f"exited:{status}")
     return status
+
+
+def _before_front(
+    check: Callable[[Callable[[], bool]], bool] | None,
+    group: ProcessGroup,
+    gate: SignalGate,
+    attempts: AttemptsLog,
+    redacted_argv: Sequence[str],
+    clock: PhaseClock,
+    options: SuperviseOptions,
+) -> bool:
+    """Run ``check`` (False: a signal arrived first); a refusal drains and raises."""
+    if check is None:
+        return True
+    try:
+        return check(lambda: bool(gate.received) or group.exited() is not None)
+    except LauncherError:
+        attempts.record(
+            pid=group.pid, argv=redacted_argv, outcome="recheck_failed", timings=clock.document()
+        )
+        group.drain(signal.SIGTERM, grace=options.grace)
+        raise
 
 
 def _describe(outcome: str, group: ProcessGroup, gate: SignalGate) -> str:

@@ -31,9 +31,9 @@ import argparse
 import dataclasses
 import hashlib
 import os
-import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kiln_registry.domain.errors import KilnError, LauncherError
@@ -51,6 +51,7 @@ from kiln_registry.identity.input_manifest import (
 from kiln_registry.identity.snapshot_manifest import ManifestFile
 from kiln_registry.identity.tree import TreeInventory, inventory_tree
 from kiln_registry.launcher.accelerator import accelerator_identity
+from kiln_registry.launcher.children import HelperChild, Interrupted
 from kiln_registry.launcher.runtime import runtime_content
 from kiln_registry.launcher.staging import StagedSnapshot
 from kiln_registry.model.adapter import ADAPTER_CONFIG, WEIGHT_NAMES, inspect_adapter
@@ -60,12 +61,14 @@ from kiln_registry.model.shards import model_width, select_shards
 from kiln_registry.model.tokenizer import (
     MAX_TOKENIZER_JSON_BYTES,
     TOKENIZER_JSON,
+    TokenizerDigests,
     tokenizer_digests,
 )
 
 RECHECK_MODULE = "kiln_registry.launcher.teacher_input"
 ACCELERATOR_MODULE = "kiln_registry.launcher.accelerator"
 ACCELERATOR_TIMEOUT_SECONDS = 300.0
+TokenizerReader = Callable[[str, int], TokenizerDigests]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,19 +139,36 @@ def teacher_input_document(inputs: TeacherInput) -> dict[str, object]:
     }
 
 
-def measure_accelerator(env: Mapping[str, str], *, python: str = sys.executable) -> Accelerator:
-    """The accelerator as a child under ``env`` sees it (torch stays out of this process)."""
-    argv = [python, "-m", ACCELERATOR_MODULE]
-    data = _run_child(argv, env, what="accelerator probe", timeout=ACCELERATOR_TIMEOUT_SECONDS)
+def start_accelerator_probe(env: Mapping[str, str], *, python: str = sys.executable) -> HelperChild:
+    """Start ``python -m kiln_registry.launcher.accelerator`` under ``env`` (torch stays out)."""
+    return HelperChild([python, "-m", ACCELERATOR_MODULE], env, what="accelerator probe")
+
+
+def finish_accelerator_probe(child: HelperChild) -> Accelerator:
+    try:
+        data = child.finish(child.started + ACCELERATOR_TIMEOUT_SECONDS)
+    finally:
+        child.close()
     value = strict_json_loads(data, what="accelerator probe output", max_bytes=MAX_INPUT_BYTES)
     return parse_accelerator(value, "accelerator probe output")
+
+
+def measure_accelerator(env: Mapping[str, str], *, python: str = sys.executable) -> Accelerator:
+    """The accelerator as a child under ``env`` sees it (torch stays out of this process)."""
+    return finish_accelerator_probe(start_accelerator_probe(env, python=python))
 
 
 def measure_runtime(
     limiter: ReadRateLimiter, env: Mapping[str, str], *, python: str = sys.executable
 ) -> RuntimePart:
-    content = runtime_content(limiter=limiter, python_executable=python)
-    return RuntimePart(content.versions, content.sha256, measure_accelerator(env, python=python))
+    """Runtime versions and content here, the accelerator in a child (both at once)."""
+    child = start_accelerator_probe(env, python=python)
+    try:
+        content = runtime_content(limiter=limiter, python_executable=python)
+    except BaseException:
+        child.close()
+        raise
+    return RuntimePart(content.versions, content.sha256, finish_accelerator_probe(child))
 
 
 def measure_model(
@@ -170,13 +190,20 @@ def measure_model(
     )
 
 
-def staged_model_part(snapshot: StagedSnapshot, *, limiter: ReadRateLimiter) -> ModelPart:
+def staged_model_part(
+    snapshot: StagedSnapshot,
+    *,
+    limiter: ReadRateLimiter,
+    tokenizer: TokenizerReader | None = None,
+) -> ModelPart:
     """Model digests of a sealed snapshot from its manifest records (no weight re-hash).
 
     The staged trees are inventoried (no reads) and must list exactly the
     manifest's files with the manifest's lengths; ``config.json``,
     ``tokenizer.json`` and ``adapter_config.json`` are re-read and must match
-    their manifest digests.
+    their manifest digests.  ``tokenizer(model_dir, width)`` gives the
+    tokenizer digests (the launch asks its identity probe child); by default
+    they are computed here, through Transformers.
     """
     if hashlib.sha256(snapshot.manifest).hexdigest() != snapshot.snapshot_content_sha256:
         raise LauncherError(
@@ -194,13 +221,18 @@ def staged_model_part(snapshot: StagedSnapshot, *, limiter: ReadRateLimiter) -> 
         tokenizer_path, max_bytes=MAX_TOKENIZER_JSON_BYTES, rule="tokenizer.json", limiter=limiter
     )
     _check_bytes(tokenizer_raw, f"model/{TOKENIZER_JSON}", records)
-    tokenizer = tokenizer_digests(model.root, width, use_transformers=True, limiter=limiter)
+    if tokenizer is None:
+        found_tokenizer = tokenizer_digests(
+            model.root, width, use_transformers=True, limiter=limiter
+        )
+    else:
+        found_tokenizer = tokenizer(model.root, width)
     part = ModelPart(
         base_model_sha256=base_model_sha256(_record(records, f"model/{s.relpath}") for s in shards),
         snapshot_content_sha256=snapshot.snapshot_content_sha256,
         model_config_sha256=hashlib.sha256(raw).hexdigest(),
-        tokenizer_vocab_sha256=tokenizer.vocab_sha256,
-        tokenizer_config_sha256=tokenizer.config_sha256,
+        tokenizer_vocab_sha256=found_tokenizer.vocab_sha256,
+        tokenizer_config_sha256=found_tokenizer.config_sha256,
         vocab_size=width,
     )
     if snapshot.adapter_path is None:
@@ -284,7 +316,26 @@ def recheck_argv(
 
 def run_recheck(argv: Sequence[str], env: Mapping[str, str], *, expected: TeacherInput) -> None:
     """Run the recheck child and require its document to equal ``expected`` byte for byte."""
-    data = _run_child(argv, env, what="pre-spawn recheck", timeout=None)
+    child = HelperChild(argv, env, what="pre-spawn recheck")
+    try:
+        finish_recheck(child, expected=expected)
+    finally:
+        child.close()
+
+
+def start_recheck(argv: Sequence[str], env: Mapping[str, str]) -> HelperChild:
+    """Start the recheck child now (it re-measures while the launcher measures)."""
+    return HelperChild(argv, env, what="pre-spawn recheck")
+
+
+def finish_recheck(
+    child: HelperChild, *, expected: TeacherInput, interrupted: Interrupted | None = None
+) -> None:
+    """Wait for the recheck child; its document must equal ``expected`` byte for byte.
+
+    ``interrupted`` as in ``HelperChild.finish`` (``ChildWaitInterrupted``).
+    """
+    data = child.finish(interrupted=interrupted)
     want = canonical_json(teacher_input_document(expected)) + b"\n"
     if data != want:
         raise LauncherError(
@@ -293,38 +344,6 @@ def run_recheck(argv: Sequence[str], env: Mapping[str, str], *, expected: Teache
             "resolves imports differently)",
             rule="launcher.recheck_mismatch",
         )
-
-
-def _run_child(
-    argv: Sequence[str], env: Mapping[str, str], *, what: str, timeout: float | None
-) -> bytes:
-    """Run a helper child with cwd '/', no shell; return at most 64 KiB of stdout."""
-    try:
-        proc = subprocess.Popen(
-            list(argv), cwd="/", env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
-        )
-    except OSError as exc:
-        raise LauncherError(
-            f"cannot start the {what}: {exc.strerror}", rule="launcher.child"
-        ) from None
-    try:
-        assert proc.stdout is not None
-        data = proc.stdout.read(MAX_INPUT_BYTES + 1)
-        status = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        raise LauncherError(f"the {what} timed out", rule="launcher.child") from None
-    finally:
-        if proc.poll() is None:  # an exception or a signal unwinds through here
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-    if status != 0 or len(data) > MAX_INPUT_BYTES:
-        raise LauncherError(
-            f"the {what} failed (exit status {status}); its error is printed above",
-            rule="launcher.child",
-        )
-    return data
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -341,9 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     try:
         limiter = ReadRateLimiter(args.max_read_mib_per_second)
-        content = runtime_content(limiter=limiter)
-        runtime = RuntimePart(content.versions, content.sha256, accelerator_identity())
-        model = measure_model(args.model, args.adapter, limiter=limiter)
+        # The runtime digest (file reads and hashing) overlaps the torch and
+        # Transformers imports of the accelerator and tokenizer measurements.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-runtime") as pool:
+            content_job = pool.submit(runtime_content, limiter=limiter)
+            accelerator = accelerator_identity()
+            model = measure_model(args.model, args.adapter, limiter=limiter)
+            content = content_job.result()
+        runtime = RuntimePart(content.versions, content.sha256, accelerator)
         inputs = teacher_input(model, runtime, served_model_id=args.served_model_id)
     except KilnError as exc:
         sys.stderr.write(f"kiln-teacher recheck: error: {exc.one_line()}\n")

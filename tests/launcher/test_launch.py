@@ -250,6 +250,12 @@ def test_real_launch_path_with_a_stand_in_vllm(
         launcher.communicate(timeout=60)
     assert launcher.returncode == 128 + signal.SIGTERM, err
     assert "launch-secret" not in err + (caches / "attempts.jsonl").read_text()
+    # Each attempt line carries the launch's phase timings (issue 31).
+    attempt = json.loads((caches / "attempts.jsonl").read_text().splitlines()[0])
+    phases = attempt["timings"]["phases"]
+    assert {"resolve", "stage", "runtime_digest", "accelerator_probe", "tokenizer_identity",
+            "recheck", "verify", "vllm_ready", "gateway"} <= set(phases)  # fmt: skip
+    assert all(isinstance(v, float) and v >= 0 for v in phases.values())
     assert not Path(uds).parent.exists()  # the private runtime directory is removed
     seen = [json.loads(line) for line in Path(f"{record}.requests").read_text().splitlines()]
     assert {(s["method"], s["path"]) for s in seen} == {("GET", "/health"),

