@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select, update
 
-from kiln_registry.config.settings import load_config
+from kiln_registry.config.loader import load_config
 from kiln_registry.db.opening import ensure_schema, open_database
 from kiln_registry.db.repository import unit_of_work
 from kiln_registry.jobs.core.liveness import NO_WORKER, STALE_FACTOR, WorkerBeats, WorkerSlot
