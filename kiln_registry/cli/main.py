@@ -7,8 +7,10 @@ callable taking the parsed namespace and returning an exit status.  Any
 --version`` prints the package version; ``kiln completion bash|zsh`` prints a
 completion script generated from this very parser (``shtab``), so it never
 drifts from the commands.  Optional heavy
-dependencies (torch, transformers) are imported inside the commands that
-need them, never here.
+dependencies (torch, transformers, psycopg) are imported inside the commands that
+need them, never here; one that is not installed ends the command with one
+line naming the extra to install (``cli.failures``), and a closed stdout
+(``kiln ... | head``) ends it quietly with status 141.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kiln_registry.cli.failures import missing_package_line, quiet_broken_pipe
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.version import package_version
 
@@ -89,14 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        status = func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
     except KilnError as exc:
         sys.stderr.write(f"kiln: error: {exc.one_line()}\n")
         return 2
+    except ModuleNotFoundError as exc:  # an optional extra that is not installed
+        sys.stderr.write(f"kiln: error: {missing_package_line(exc)}\n")
+        return 2
+    except BrokenPipeError:  # `kiln ... | head`: the reader left; stop without a word
+        return quiet_broken_pipe()
+    except SystemExit:  # argparse's --help and usage errors: flush inside the guard
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            return quiet_broken_pipe()
+        raise
 
 
 def main() -> None:
