@@ -76,6 +76,7 @@ def _kiln(env: dict[str, str], *argv: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_demo_keep_runs_the_next_commands_and_stops_on_ctrl_c(
     tmp_path: Path, tiny_model: TinyModel
 ) -> None:
