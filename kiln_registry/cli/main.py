@@ -103,6 +103,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"kiln: error: {exc.one_line()}\n")
         return 2
     except ModuleNotFoundError as exc:  # an optional extra that is not installed
+        if (exc.name or "").split(".")[0] == "kiln_registry":
+            raise  # a broken install of this package itself: the traceback is the report
         sys.stderr.write(f"kiln: error: {missing_package_line(exc)}\n")
         return 2
     except BrokenPipeError:  # `kiln ... | head`: the reader left; stop without a word
