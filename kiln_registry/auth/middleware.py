@@ -59,7 +59,7 @@ from kiln_registry.auth.repository import AuditRoom
 from kiln_registry.auth.scopes import audit_action, fallback_action, required_scope
 from kiln_registry.auth.store import AuthStore
 from kiln_registry.auth.tokens import TokenIdentity
-from kiln_registry.credentials.redaction import redact_text, redact_tokens
+from kiln_registry.credentials.redaction import redact_text, redact_tokens, token_problem
 from kiln_registry.db.data_version import version_scope
 from kiln_registry.domain.asgi import ASGIApp, Message, Receive, Scope, Send
 
@@ -171,7 +171,9 @@ class AuthMiddleware:
             )
         identity = self._table.lookup(token) if token else None
         if identity is None:
-            what = "malformed" if not token else "not valid (unknown, expired or revoked)"
+            problem = token_problem(token) if token else "not one `Authorization: Bearer TOKEN`"
+            what = "not valid (unknown, expired or revoked)"
+            what = what if problem is None else f"malformed: {problem}"
             return None, _error(401, "unauthorized", f"the bearer token is {what}", HOW_TO)
         if not identity.allows(needed):
             return identity, _error(

@@ -1,6 +1,7 @@
 """``kiln jobs ...`` and ``kiln cache ...`` (``kiln corpus verify`` is ``cli.corpus_cmds``).
 
-``jobs submit|list|show|cancel|delete|result`` talk to the registry (``--server URL``,
+``jobs submit|list|show|cancel|delete|result`` (``submit``: ``cli.jobs_submit``) talk to
+the registry (``--server URL``,
 else ``$KILN_SERVER``, else ``http://127.0.0.1:8420``) through
 ``RegistryClient``; ``show --follow`` waits with ``wait_job`` and draws a
 progress bar (``observability.progress``) while stderr is a terminal, nothing
@@ -26,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kiln_registry.cli.jobs_submit import register_submit
 from kiln_registry.cli.server_options import (
     MAX_TIMEOUT_SECONDS,
     number,
@@ -34,13 +36,11 @@ from kiln_registry.cli.server_options import (
 )
 from kiln_registry.cli.teachers_cmds import printable, table
 from kiln_registry.client.sync import RegistryClient
-from kiln_registry.domain.errors import InputError
-from kiln_registry.domain.vocabulary import JobKind, JobStatus
+from kiln_registry.domain.vocabulary import JobStatus
 from kiln_registry.observability.progress import ProgressBar
 from kiln_registry.wire.jobs import JobPublic, JobsListResponse
 
 SubParsers = Any  # argparse's _SubParsersAction is private
-MAX_SEQUENCES_FILE = 64 << 20
 
 
 # The registry client covers the job routes (kept under this name for older imports).
@@ -57,8 +57,9 @@ def _emit(job: JobPublic, as_json: bool) -> None:
 def render_job(job: JobPublic) -> str:
     p, t = job.progress, job.timestamps
     pairs: list[tuple[str, object]] = [
-        ("id", job.id), ("status", job.status), ("teacher", job.teacher),
+        ("id", job.id), ("kind", job.kind), ("status", job.status), ("teacher", job.teacher),
         ("identity", job.identity_revision), ("top_k", job.top_k),
+        *_generation_pairs(job),
         ("source", job.source.path or job.source.kind), ("device", job.device),
         ("progress", f"{p.done}/{p.total} ({p.cache_hits} from the cache, {p.requests} requests,"
                      f" {p.retries} retries)"),
@@ -75,34 +76,18 @@ def render_job(job: JobPublic) -> str:
     return "\n".join(f"{k.ljust(width)}  {printable(v)}" for k, v in pairs)
 
 
-def _sequences_file(path: Path) -> list[object]:
-    if not path.is_file() or path.stat().st_size > MAX_SEQUENCES_FILE:
-        raise InputError(f"{path}: not a readable file of at most 64 MiB", rule="client.sequences")
-    try:
-        value = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not JSON ({exc})", rule="client.sequences") from None
-    if not isinstance(value, list):
-        raise InputError(f"{path}: must hold a JSON array of arrays", rule="client.sequences")
-    return value
-
-
-def _submit(args: argparse.Namespace) -> int:
-    body: dict[str, object] = {"kind": JobKind.teacher_scoring.value, "teacher": args.teacher,
-                               "top_k": args.top_k}  # fmt: skip
-    if args.corpus is not None:
-        body["corpus"] = {"path": args.corpus}
-    else:
-        body["sequences"] = _sequences_file(args.sequences)
-    if args.output is not None:
-        body["output"] = args.output
-    with registry_client(args) as client:
-        job = client.submit(body)
-    if args.json:
-        _emit(job, True)
-    else:
-        print(job.id)
-    return 0
+def _generation_pairs(job: JobPublic) -> list[tuple[str, object]]:
+    g = job.generation
+    if g is None:
+        return []
+    seed = "none" if g.seed is None else g.seed
+    pairs: list[tuple[str, object]] = [
+        ("settings", f"max_tokens {g.max_tokens}, temperature {g.temperature}, top_p {g.top_p},"
+                     f" seed {seed}"),
+    ]  # fmt: skip
+    if g.kiln_note is not None:
+        pairs.append(("kiln note", g.kiln_note))
+    return pairs
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -111,11 +96,11 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(JobsListResponse(jobs=jobs).model_dump_json(indent=2) + "\n")
         return 0
-    rows = [(j.id, j.status, j.teacher, j.top_k, f"{j.progress.done}/{j.progress.total}",
-             j.timestamps.created_at) for j in jobs]  # fmt: skip
-    print(
-        table(("id", "status", "teacher", "k", "progress", "created"), rows) if rows else "no jobs"
-    )
+    rows = [(j.id, j.kind, j.status, j.teacher, j.top_k,
+             f"{j.progress.done}/{j.progress.total}", j.timestamps.created_at)
+            for j in jobs]  # fmt: skip
+    header = ("id", "kind", "status", "teacher", "k", "progress", "created")
+    print(table(header, rows) if rows else "no jobs")
     return 0
 
 
@@ -237,22 +222,11 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _register_jobs(sub: SubParsers) -> None:
-    group = sub.add_parser("jobs", help="submit and follow teacher-scoring jobs").add_subparsers(
-        dest="jobs_command", required=True, metavar="COMMAND"
-    )
+    group = sub.add_parser(
+        "jobs", help="submit and follow teacher-scoring and generation jobs"
+    ).add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
     common = _common()
-    p = group.add_parser("submit", help="queue a teacher-scoring job", parents=[common])
-    p.add_argument("--teacher", required=True, help="registered teacher alias")
-    p.add_argument("--top-k", required=True, type=_positive, metavar="K")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--corpus", metavar="PATH", help="JSONL under the server's corpus_root")
-    source.add_argument("--sequences", type=Path, metavar="FILE", help="JSON [[ids], ...]")
-    p.add_argument(
-        "--output",
-        choices=["kiln-logit-cache-v3"],
-        help="also publish the rows into the server's [jobs] logit_cache_root (Kiln's cache)",
-    )
-    p.set_defaults(func=_submit)
+    register_submit(group, common)
     p = group.add_parser("list", help="list jobs, newest first", parents=[common])
     p.add_argument("--status", choices=[status.value for status in JobStatus])
     p.add_argument("--limit", type=_positive, default=50)

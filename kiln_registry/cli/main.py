@@ -8,8 +8,10 @@ module that cannot be imported is an error, not a missing command.  Any
 --version`` prints the package version; ``kiln completion bash|zsh`` prints a
 completion script generated from this very parser (``shtab``), so it never
 drifts from the commands.  Optional heavy
-dependencies (torch, transformers) are imported inside the commands that
-need them, never here.
+dependencies (torch, transformers, psycopg) are imported inside the commands that
+need them, never here; one that is not installed ends the command with one
+line naming the extra to install (``cli.failures``), and a closed stdout
+(``kiln ... | head``) ends it quietly with status 141.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from kiln_registry.cli.failures import missing_package_line, quiet_broken_pipe
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.version import package_version
 
@@ -105,14 +108,26 @@ def _failed(exc: KilnError) -> int:
 def run(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
+        args = parser.parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        status = func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
     except KilnError as exc:
         return _failed(exc)
-    args = parser.parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except KilnError as exc:
-        return _failed(exc)
+    except ModuleNotFoundError as exc:  # an optional extra that is not installed
+        if (exc.name or "").split(".")[0] == "kiln_registry":
+            raise  # a broken install of this package itself: the traceback is the report
+        sys.stderr.write(f"kiln: error: {missing_package_line(exc)}\n")
+        return 2
+    except BrokenPipeError:  # `kiln ... | head`: the reader left; stop without a word
+        return quiet_broken_pipe()
+    except SystemExit:  # argparse's --help and usage errors: flush inside the guard
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            return quiet_broken_pipe()
+        raise
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """The options of every ``kiln`` command that talks to a registry server.
 
 Owns ``--server URL`` (else ``$KILN_SERVER``, else the client's default),
-``--token-env NAME`` / ``--ca-file PEM`` (token from $NAME, else $KILN_TOKEN),
+``--token-env NAME`` / ``--ca-file PEM`` (token from $NAME, else $KILN_TOKEN; CA
+else $KILN_CA_FILE, read by the client),
 ``--client-cert-file``/``--client-key-file`` (mutual TLS; else
 $KILN_CLIENT_CERT_FILE/$KILN_CLIENT_KEY_FILE; ``client_access`` gives the
 client's keyword arguments), ``--json`` and
@@ -22,7 +23,14 @@ from typing import Any
 
 from kiln_registry.cli.argtypes import env_name
 from kiln_registry.client.sync import DEFAULT_SERVER, RegistryClient
-from kiln_registry.client.tls import CERT_ENV, KEY_ENV, TOKEN_ENV, client_cert_from, token_from_env
+from kiln_registry.client.tls import (
+    CA_ENV,
+    CERT_ENV,
+    KEY_ENV,
+    TOKEN_ENV,
+    client_cert_from,
+    token_from_env,
+)
 
 SERVER_ENV = "KILN_SERVER"
 MAX_TIMEOUT_SECONDS = 3600
@@ -87,7 +95,8 @@ def add_access_options(parser: argparse.ArgumentParser) -> None:
         "--ca-file",
         type=Path,
         metavar="PEM",
-        help="verify an https registry against this CA (default: the system store)",
+        help=f"verify an https registry against this CA (default: ${CA_ENV} when set, else the"
+        " system store)",
     )
     parser.add_argument(
         "--client-cert-file",

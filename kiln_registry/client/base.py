@@ -29,7 +29,14 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kiln_registry.client.tls import check_token, tls_context, tls_refusal, token_from_env
+from kiln_registry.client.tls import (
+    ca_file_from,
+    check_token,
+    client_cert_from,
+    tls_context,
+    tls_refusal,
+    token_from_env,
+)
 from kiln_registry.domain.aliases import alias_path_segment, alias_problem
 from kiln_registry.domain.errors import InputError, KilnError
 from kiln_registry.domain.text import error_location, line_excerpt, quoted
@@ -173,7 +180,10 @@ class ClientSettings:
             token = token_from_env(token_env, os.environ)  # $token_env, else $KILN_TOKEN
         if token is not None:
             headers["authorization"] = f"Bearer {check_token(token)}"
-        verify = tls_context(ca_file, client_cert)
+        # The options, else $KILN_CA_FILE / $KILN_CLIENT_CERT_FILE / $KILN_CLIENT_KEY_FILE.
+        if client_cert is None:
+            client_cert = client_cert_from(None, None, os.environ)
+        verify = tls_context(ca_file_from(ca_file, os.environ), client_cert)
         return cls(url, timeout, headers, verify, max_response_bytes)
 
 
@@ -248,7 +258,7 @@ def invalid(what: str) -> RegistryClientError:
 
 def unreachable(base_url: str, what: str) -> RegistryClientError:
     # Called in an except block: a TLS setting may explain the failure (issue 15: mTLS).
-    tls = tls_refusal(sys.exc_info()[1], https=base_url.startswith("https://"))
+    tls = tls_refusal(sys.exc_info()[1], https=base_url.startswith("https://"), base_url=base_url)
     if tls is not None:
         code, message, hint = tls
         return RegistryClientError(

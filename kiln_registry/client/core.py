@@ -21,6 +21,7 @@ database, the probe or the launcher.  Nothing happens at import time.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 TransportT = TypeVar("TransportT")
 HttpT = TypeVar("HttpT")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Operation(Generic[P, T]):
@@ -50,9 +52,13 @@ class Operation(Generic[P, T]):
     def __init__(self, build: Callable[P, Call[T] | Request[T]]) -> None:
         self.build = build
         self.__doc__ = build.__doc__
+        self.name = build.__name__
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self.name = name
 
     @overload
-    def __get__(self, obj: None, owner: type[Any]) -> Operation[P, T]: ...
+    def __get__(self, obj: None, owner: type[Any]) -> Callable[..., Any]: ...
 
     @overload
     def __get__(self, obj: Blocking, owner: type[Any]) -> Callable[P, T]: ...
@@ -62,7 +68,7 @@ class Operation(Generic[P, T]):
 
     def __get__(self, obj: object, owner: type[Any]) -> Any:
         if obj is None:
-            return self
+            return self._unbound(owner)
         build = self.build
         if isinstance(obj, Awaiting):
 
@@ -72,7 +78,7 @@ class Operation(Generic[P, T]):
                     return await request.awaiting(obj)
                 return await obj._run(request)
 
-            return functools.update_wrapper(awaited, build)
+            return _documented(functools.update_wrapper(awaited, build), build, False)
         assert isinstance(obj, Blocking)
 
         def blocking(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -81,7 +87,38 @@ class Operation(Generic[P, T]):
                 return request.blocking(obj)
             return obj._run(request)
 
-        return functools.update_wrapper(blocking, build)
+        return _documented(functools.update_wrapper(blocking, build), build, False)
+
+    def _unbound(self, owner: type[Any]) -> Callable[..., Any]:
+        """``RegistryClient.submit_job`` itself: a function ``help()`` shows with its signature."""
+        name = self.name
+
+        def method(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self_, name)(*args, **kwargs)
+
+        method.__name__, method.__qualname__ = name, f"{owner.__name__}.{name}"
+        method.__doc__, method.__module__ = self.build.__doc__, owner.__module__
+        return _documented(method, self.build, True)
+
+
+# What a multi-request operation answers (its ``Request`` subclass is not the answer).
+_ANSWERS = {"Waiter": "JobPublic", "Download": "DownloadedCorpus"}
+
+
+def _documented(method: F, build: Callable[..., Any], bound: bool) -> F:
+    """Give ``method`` the operation's real signature, answering the answer type."""
+    signature = inspect.signature(build)
+    answer = str(signature.return_annotation)
+    for wrapper in ("Call[", "Request["):
+        if answer.startswith(wrapper) and answer.endswith("]"):
+            answer = answer[len(wrapper) : -1]
+    params = list(signature.parameters.values())
+    if bound:
+        params.insert(0, inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY))
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=params, return_annotation=_ANSWERS.get(answer, answer)
+    )
+    return method
 
 
 class ClientCore(Generic[TransportT, HttpT]):

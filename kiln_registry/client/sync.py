@@ -17,7 +17,8 @@ certificate settings are taken from the environment only when
 query or a fragment.  Access (issue 15): ``token`` (else the variable
 ``token_env`` names, else ``$KILN_TOKEN``) is sent as ``Authorization:
 Bearer`` (never in ``repr`` or an error); TLS is verified against the system
-store or ``ca_file``, with ``client_cert`` (cert, key) for mutual TLS
+store or ``ca_file`` (else ``$KILN_CA_FILE``), with ``client_cert`` (cert, key;
+else ``$KILN_CLIENT_CERT_FILE`` / ``$KILN_CLIENT_KEY_FILE``) for mutual TLS
 (``kiln_registry.client.tls``).  Imports httpx, pydantic and the
 ``client_*`` modules; never FastAPI, the database, the probe or the
 launcher.  Nothing happens at import time.

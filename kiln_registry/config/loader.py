@@ -102,7 +102,7 @@ def load_config(path: str | os.PathLike[str]) -> KilnConfig:
     try:
         config = KilnConfig.model_validate(data, context={BASE_DIR_CONTEXT: base_dir})
     except ValidationError as exc:
-        raise validation_error(file, exc) from None
+        raise validation_error(file, exc, KilnConfig) from None
     _check_student(file, config.student)
     for profile, local in sorted(config.teachers.local.items()):
         try:

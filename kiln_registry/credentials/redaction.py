@@ -34,11 +34,33 @@ TOKEN_PATTERN: Final = re.compile(r"kiln_[A-Za-z0-9_-]{20,}")
 # The exact shape of a minted token (the client checks it before sending one).
 MAX_TOKEN_CHARS: Final = 256
 _TOKEN: Final = re.compile(r"^kiln_[A-Za-z0-9_-]{43,251}$")
+_URL_SAFE: Final = re.compile(r"[A-Za-z0-9_-]")
 
 
 def well_formed(token: str) -> bool:
     """True for text shaped like a token (prefix, alphabet, length); says nothing of validity."""
     return len(token) <= MAX_TOKEN_CHARS and _TOKEN.fullmatch(token) is not None
+
+
+def token_problem(token: str) -> str | None:
+    """What makes ``token`` malformed (prefix, length, alphabet), never quoting it; None if fine."""
+    if token[:1] in ("'", '"') or token.lower().startswith("bearer"):
+        return "it carries quotes or a 'Bearer' word: give the token alone"
+    if not token.startswith(TOKEN_PREFIX):
+        return f"it does not start with {TOKEN_PREFIX!r}"
+    body = token[len(TOKEN_PREFIX) :]
+    bad = next((i for i, ch in enumerate(body) if not _URL_SAFE.fullmatch(ch)), None)
+    if bad is not None:
+        return (
+            f"character {bad + len(TOKEN_PREFIX) + 1} is not URL-safe base64 (A-Z a-z 0-9 - _):"
+            " was it cut, wrapped or pasted with white space?"
+        )
+    if not 43 <= len(body) <= MAX_TOKEN_CHARS - len(TOKEN_PREFIX):
+        return (
+            f"it is {len(token)} characters long; a token is {TOKEN_PREFIX!r} plus 43 to"
+            f" {MAX_TOKEN_CHARS - len(TOKEN_PREFIX)} characters (was it cut short?)"
+        )
+    return None if well_formed(token) else "it is not shaped like a kiln token"
 
 
 def redact_tokens(text: str) -> str:

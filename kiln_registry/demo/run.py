@@ -6,7 +6,9 @@ reused when its ``complete.json`` still matches every file), the two child
 processes (``kiln reference-teacher`` on a free loopback port and
 ``kiln serve`` with a generated ``kiln.toml`` whose student is the same model
 and whose database lives in a temporary work directory), the registration
-through the HTTP API with ``RegistryClient``, and the shutdown.
+through the HTTP API with ``RegistryClient``, and the shutdown (at once, or
+with ``--keep`` when Ctrl-C arrives).  The tiny model's tokenizer has a chat
+template, so off-policy generation jobs run against the demo too.
 
 Shutdown is unconditional: on success, failure, Ctrl-C or SIGTERM every child
 gets SIGTERM on its own process group, then SIGKILL after a grace period, is
@@ -46,7 +48,7 @@ from kiln_registry.demo.processes import Child, DemoRun, cleaned_up, free_port, 
 from kiln_registry.domain.errors import InputError, LauncherError
 
 RESULT_SCHEMA = "kiln.demo-result.v1"
-MODEL_DIR_NAME = "model-v1"
+MODEL_DIR_NAME = "model-v2"  # v2: the tokenizer has a chat template (generation jobs)
 COMPLETE_NAME = "complete.json"
 COMPLETE_SCHEMA = "kiln.demo-model.v1"
 SERVED_MODEL_ID = "kiln-demo-teacher"
@@ -57,6 +59,17 @@ TEACHER_START_S = 180.0
 REGISTRY_START_S = 60.0
 REGISTRY_ATTEMPTS = 3
 MAX_MODEL_FILES = 64
+KEPT_POLL_S = 0.5
+# A plain role-tagged template: the off-policy generation job renders prompts with it.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+EXAMPLE_PROMPTS = (
+    {"id": "hello", "messages": [{"role": "user", "content": "the teacher says hello"}]},
+    {"id": "cat", "messages": [{"role": "system", "content": "be brief"},
+                               {"role": "user", "content": "a cat"}]},
+)  # fmt: skip
 
 Builder = Callable[[Path], object]
 
@@ -116,7 +129,12 @@ def _fsync_tree(root: Path) -> None:
 def _default_builder(dest: Path) -> object:
     from kiln_registry.testing.tiny_models import build_tiny_llama
 
-    return build_tiny_llama(dest)
+    model = build_tiny_llama(dest)
+    config_path = dest / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return model
 
 
 def _install(staging: Path, root: Path) -> None:
@@ -286,16 +304,36 @@ def _quiet(text: str) -> None:
     del text
 
 
+def write_example_prompts(work_dir: Path) -> Path:
+    """``prompts.jsonl`` in the work dir: two prompts for ``kiln jobs submit --prompts``."""
+    path = work_dir / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in EXAMPLE_PROMPTS), encoding="utf-8")
+    return path
+
+
+def hold(run: DemoRun) -> None:
+    """Keep the children running until Ctrl-C / SIGTERM (KeyboardInterrupt) or one dies."""
+    while True:
+        for child in run.children:
+            if child.process.poll() is not None:
+                raise child.failed("stopped while the demo was kept running")
+        time.sleep(KEPT_POLL_S)
+
+
 def run_demo(
     cache_dir: Path | None = None,
     *,
     progress: Callable[[str], None] = _quiet,
     build: Builder = _default_builder,
+    on_kept: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Build or reuse the model, start both servers, register, stop everything.
 
     Returns the result document (``kiln.demo-result.v1``) after every child
-    has been stopped and the work directory removed.
+    has been stopped and the work directory removed.  With ``on_kept`` (``kiln
+    demo --keep``) the result goes to ``on_kept`` once registered, and both
+    servers keep running until Ctrl-C or SIGTERM (``KeyboardInterrupt``, raised
+    after the same cleanup) or until one of them dies (a ``LauncherError``).
     """
     require_reference_extra()
     cache = cache_dir if cache_dir is not None else default_cache_dir()
@@ -322,7 +360,11 @@ def run_demo(
             registry={"url": registry_url, "pid": registry.process.pid},
             entry=entry,
             off_policy_manifest=entry["off_policy_manifest"],
+            example_prompts=str(write_example_prompts(run.work_dir)),
         )  # fmt: skip
+        if on_kept is not None:
+            on_kept(result)
+            hold(run)
         progress("registered; stopping the registry and the teacher")
     result["stopped"] = all(c.process.poll() is not None for c in run.children)
     result["work_dir_removed"] = not run.work_dir.exists()

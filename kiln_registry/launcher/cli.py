@@ -66,6 +66,7 @@ from kiln_registry.launcher.vllm_command import (
     vllm_server_argv,
 )
 from kiln_registry.observability.progress import PhaseBars, ProgressBar, on_tty
+from kiln_registry.version import package_version
 
 PROG = "kiln-teacher"
 USAGE = """\
@@ -80,6 +81,7 @@ usage: kiln-teacher --identity-input=FILE --served-model-id=ID --max-top-k=K
                     [--gateway=on|off] [--api-key-env=KILN_NAME] [--timings]
                     [-- EXTRA_VLLM_OPTIONS...]
        kiln-teacher cleanup --snapshot-root=DIR --cache-root=DIR
+       kiln-teacher --version
        kiln-teacher qualify --model-path=DIR [--adapter-path=DIR] --served-model-id=ID
                     --max-top-k=K --max-model-len=L [--receipt=FILE] [-- OPTIONS...]
 
@@ -100,6 +102,9 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """Run ``kiln-teacher`` with ``argv`` (without the program name) and ``env``."""
     if list(argv) in (["--help"], ["-h"]):
         sys.stdout.write(USAGE)
+        return 0
+    if list(argv) == ["--version"]:
+        sys.stdout.write(f"{PROG} {package_version()}\n")
         return 0
     handler = _SUBCOMMANDS.get(argv[0], _launch_or_manifest) if argv else _launch_or_manifest
     args = argv[1:] if argv and argv[0] in _SUBCOMMANDS else argv

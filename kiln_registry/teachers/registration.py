@@ -21,6 +21,7 @@ database and ``auth.reserved``; never the API layer or FastAPI.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable
 
 from starlette.concurrency import run_in_threadpool
@@ -147,8 +148,9 @@ def reprobe_failure_message(secret_names: frozenset[str], alias: str, exc: KilnE
     """The ``status_message`` of an alias whose re-probe, or a job's probe, failed."""
     text = redact_text(f"{exc.code}: {exc.message}", secret_names)
     return (
-        f"{REPROBE_FAILED} ({text}); POST /v1/teachers/{alias}/probe again once the teacher"
-        f" answers as registered, or delete the alias and register it again {RELEASE_NOTE}"
+        f"{REPROBE_FAILED} ({text}); run `kiln teachers probe {shlex.quote(alias)}` (POST"
+        f" /v1/teachers/{alias}/probe) again once the teacher answers as registered, or delete"
+        f" the alias and register it again {RELEASE_NOTE}"
     )
 
 

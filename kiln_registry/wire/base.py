@@ -7,7 +7,10 @@ document lists it as optional and not nullable.  A field without a default is
 always present (``null`` where its type allows it).  This is the shape of
 Kiln's artifact schema (``scripts/generate_artifact_schema.py``: ``optional``
 members are omitted, ``nullable`` members are required).  Models defined
-anywhere inherit the rule by subclassing ``WireModel``.  Imports pydantic only.
+anywhere inherit the rule by subclassing ``WireModel``.  Its ``repr`` leaves
+absent fields out and cuts long text, so a response printed at a prompt reads
+(the fields themselves are documented by their ``description``; ``help(Model)``
+and ``Model.model_fields`` show them).  Imports pydantic only.
 """
 
 from __future__ import annotations
@@ -47,10 +50,31 @@ def _absent(value: object) -> bool:
     return value is None
 
 
+_REPR_CHARS = 72
+
+
+class _Cut:
+    """A long string in a ``repr``: its start and its length."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"{self.text[: _REPR_CHARS - 8]!r}...({len(self.text)} chars)"
+
+
 class WireModel(BaseModel):
     """Base of every response model: optional fields without a value are omitted."""
 
     model_config = ConfigDict(frozen=True, json_schema_extra=_optional_not_nullable)
+
+    def __repr_args__(self) -> Any:
+        """A readable ``repr``: absent fields left out, long text cut (``_Cut``)."""
+        for name, value in super().__repr_args__():
+            if value is None:
+                continue
+            long = isinstance(value, str) and len(value) > _REPR_CHARS
+            yield name, _Cut(value) if long else value
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

@@ -107,9 +107,10 @@ def test_the_documented_jobs_example_runs(
 ) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text("utf-8")
     block = doc.split("Jobs too:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    code = block.replace("http://127.0.0.1:8420", live.url).replace("teacher-large@vllm", ALIAS)
+    code = block.replace("http://127.0.0.1:8420", live.url).replace("demo-teacher@reference", ALIAS)
     monkeypatch.chdir(tmp_path)
     # The block continues the one before it, which imported RegistryClient.
     scope = {"print": lambda *a: None, "RegistryClient": RegistryClient}
     exec(compile(code, "docs/operations.md", "exec"), scope)
-    assert (tmp_path / "corpora" / "run-1.jsonl").is_file()
+    assert scope["corpus"].path.name == "run-1.jsonl" and scope["corpus"].path.is_file()
+    assert not (tmp_path / "corpora").exists()  # issue 30 item 12: nothing written in the clone

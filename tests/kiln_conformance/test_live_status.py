@@ -212,6 +212,7 @@ def test_failed_reprobe_is_reflected_in_the_entry(
             message = entry["status_message"]
             assert message.startswith("re-probe failed (teacher_identity_probe_failed")
             assert "/v1/teachers/flaky@vllm/probe" in message
+            assert "`kiln teachers probe flaky@vllm`" in message  # issue 30 item 4
             assert entry["identity_revision"].startswith("sha256:")  # the identity stays
             passed = http.post("/v1/teachers/flaky@vllm/probe")
             assert passed.status_code == 200, passed.text
