@@ -8,7 +8,8 @@ one against the pinned identity (``jobs.sources``).  ``output``
 ``kiln-logit-cache-v3`` (the job also publishes Kiln logit-cache entries)
 needs ``[jobs] logit_cache_root``.  Unknown aliases are
 ``TeacherNotFound.in_job`` (``400 teacher_not_registered``); aliases without a
-verified, usable identity are ``IdentityRequired``.  The corpus is read outside
+verified, usable identity are ``IdentityRequired`` (the alias's kind decides:
+``teachers.kinds``, ``check_pinnable``).  The corpus is read outside
 any transaction; the insert transaction re-reads the alias and refuses
 (``JobConflict``) if it changed meanwhile, and checks the queue's quotas
 (``jobs.quotas``).  A job belongs to the token that submitted it
@@ -18,7 +19,7 @@ another token's job is ``job_not_found`` like a missing one.
 
 Call these from a worker thread (they block on SQLite and files).
 Imports: standard library, SQLAlchemy, ``kiln_registry.config.settings``/``db``/
-``errors``/``identity`` and ``jobs``; never the API layer.
+``errors``/``identity``, ``jobs`` and the teacher kind table; never the API layer.
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ from kiln_registry.db.engine import BEGIN_OPTION
 from kiln_registry.db.models import TeacherRow, utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.domain.errors import (
-    IdentityRequired,
     JobConflict,
     JobInvalid,
     TeacherNotFound,
 )
-from kiln_registry.domain.vocabulary import JobKind, JobStatus, TeacherKind, TeacherStatus
+from kiln_registry.domain.vocabulary import JobKind, JobStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.models import JobRow
 from kiln_registry.jobs.quotas import check_quotas
 from kiln_registry.jobs.repository import JobRepository
 from kiln_registry.jobs.sources import LoadedSequences, corpus_sequences, inline_sequences
+from kiln_registry.teachers.kinds import kind_of
 
 RESULT_DIR_NAME = "job-results"
 LOGIT_CACHE_OUTPUT = "kiln-logit-cache-v3"
@@ -99,26 +100,7 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
             f"teacher alias {alias!r} is not registered",
             hint="register the teacher first (POST /v1/teachers)",
         )
-    if row.kind == TeacherKind.fixture:
-        # Kiln's OPD scores a fixture with a synthetic uniform source; jobs here produce
-        # identity-bound corpora from a teacher endpoint, which a fixture does not have.
-        raise IdentityRequired(
-            f"teacher alias {alias!r} is a fixture: it has no endpoint and no identity to"
-            " score a job with",
-            hint="register a remote or local teacher for scoring jobs",
-        )
-    usable = (
-        row.status == TeacherStatus.verified
-        and row.identity_json is not None
-        and row.identity_digest is not None
-        and row.url is not None
-        and row.model_id is not None
-    )
-    if not usable:
-        raise IdentityRequired(
-            f"teacher alias {alias!r} has no verified, usable identity (status {row.status})",
-            hint=IdentityRequired.default_hint,
-        )
+    kind_of(row.kind).check_pinnable(row, alias)  # the kind's refusal, if any
     assert row.identity_json and row.identity_digest and row.url and row.model_id
     identity = TeacherIdentity.from_canonical_json(row.identity_json)
     return PinnedTeacher(
