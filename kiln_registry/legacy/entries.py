@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kiln_registry.credentials.origin import parse_teacher_url, trim_url
 from kiln_registry.db.legacy import (
@@ -49,10 +49,11 @@ from kiln_registry.db.legacy import (
 from kiln_registry.domain.errors import RELEASE_NOTE, KilnError
 from kiln_registry.domain.limits import MAX_NOTES_CHARS, MAX_TEXT_CHARS
 from kiln_registry.domain.text import shown
-from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
+from kiln_registry.domain.vocabulary import KILN_REMOTE_PROVIDERS, TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
-from kiln_registry.teachers.kinds import kind_of
-from kiln_registry.teachers.kinds.remote import KILN_PROVIDERS
+
+if TYPE_CHECKING:
+    from kiln_registry.teachers.kinds.base import LegacyRules
 
 LEGACY_FIELD: Final = "api_key_env"
 KINDS: Final = tuple(kind.value for kind in TeacherKind)
@@ -94,8 +95,19 @@ def _check_types(fields: Mapping[str, Any]) -> None:
     if not isinstance(fields.get("supports_full_vocab"), bool | None):
         raise ValueError("field 'supports_full_vocab' must be null or a boolean")
     provider = fields.get("provider")
-    if provider is not None and provider not in KILN_PROVIDERS:
-        raise ValueError(f"field 'provider' must be null or one of {', '.join(KILN_PROVIDERS)}")
+    if provider is not None and provider not in KILN_REMOTE_PROVIDERS:
+        raise ValueError(
+            f"field 'provider' must be null or one of {', '.join(KILN_REMOTE_PROVIDERS)}"
+        )
+
+
+def _rules(kind: str) -> LegacyRules:
+    """What the kind allows in a teachers.json entry (``teachers.kinds``, ``LegacyRules``)."""
+    # The kind table loads the probing and launch code (numpy among it) and every
+    # ``kiln`` command imports this module (cli.registry_cmds): imported on first use.
+    from kiln_registry.teachers.kinds import kind_of
+
+    return kind_of(kind).legacy
 
 
 def _identity(fields: Mapping[str, Any]) -> TeacherIdentity | None:
@@ -112,7 +124,7 @@ def _identity(fields: Mapping[str, Any]) -> TeacherIdentity | None:
 
 def _static_problem(kind: str, fields: Mapping[str, Any], model_id: str) -> str | None:
     """Kiln's ``validate_teacher_spec_static``, in its order (the kind's rules: ``LegacyRules``)."""
-    rules = kind_of(kind).legacy
+    rules = _rules(kind)
     if not model_id.strip() and not rules.model_id_optional:
         return "teacher model_id must be non-empty"
     if fields.get("supports_full_vocab") is True:
@@ -160,7 +172,7 @@ def _identity_problem(
     """Kiln's checks of a pinned identity against the entry's other fields."""
     if model_id != identity.served_model_id:
         return f"model_id {shown(model_id)} does not match the identity's served model"
-    if kind_of(kind).legacy.adapter_binds_identity:
+    if _rules(kind).adapter_binds_identity:
         adapter = None if identity.adapter is None else identity.adapter.name
         if fields.get("adapter") != adapter:
             return "the local teacher's adapter does not match its pinned identity"
@@ -182,7 +194,7 @@ def _usable_status(
     kind: str, fields: Mapping[str, Any], model_id: str, identity: TeacherIdentity | None
 ) -> tuple[str, str | None]:
     """Kiln's ``teacher_entry`` status for an entry that did not carry ``api_key_env``."""
-    rules = kind_of(kind).legacy
+    rules = _rules(kind)
     if rules.takes_identity and identity is None:
         return TeacherStatus.legacy_unverified.value, LEGACY_NO_IDENTITY_MESSAGE
     problem = _static_problem(kind, fields, model_id)
@@ -223,7 +235,7 @@ def legacy_entry(alias: str, fields: Mapping[str, Any]) -> LegacyEntry:
         url=trim_url(url) if url is not None and (usable or _parses(url)) else None,
         credential_id=credential_id if usable or _is_id(credential_id) else None,
         notes=texts["notes"],
-        adapter=texts["adapter"] if kind_of(kind).legacy.takes_adapter else None,
+        adapter=texts["adapter"] if _rules(kind).takes_adapter else None,
         identity_json=None if identity is None else identity.canonical_bytes().decode("utf-8"),
         identity_digest=None if identity is None else identity.digest(),
         status=status,

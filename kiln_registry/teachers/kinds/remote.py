@@ -21,7 +21,7 @@ from typing import Any, Final
 from kiln_registry.config.settings import KilnConfig
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.domain.errors import RegistrationInvalid
-from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
+from kiln_registry.domain.vocabulary import KILN_REMOTE_PROVIDERS, TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.verify import StudentView
 from kiln_registry.teachers import replicas
@@ -37,24 +37,11 @@ from kiln_registry.teachers.probing import ProbeOutcome, registry_setup
 from kiln_registry.teachers.reprobe import reprobe_endpoints
 from kiln_registry.teachers.rows import TeacherRequest, alias_free, persist_new, verified_fields
 
-# Kiln's remote protocols (``kiln_train::RemoteProvider``, as ``api.schemas.RemoteProvider``);
-# a registration takes only ``vllm``, the one that can prove an identity.
-KILN_PROVIDERS: Final = (
-    "vllm",
-    "sglang",
-    "llama_cpp",
-    "open_router",
-    "together",
-    "fireworks",
-    "deep_infra",
-    "tgi",
-)
-
 
 def _provider_problems(provider: object) -> list[str]:
     if provider is None:
         return ["provider is required for kind 'remote' (use 'vllm')"]
-    if isinstance(provider, str) and provider in KILN_PROVIDERS and provider != "vllm":
+    if isinstance(provider, str) and provider in KILN_REMOTE_PROVIDERS and provider != "vllm":
         return [
             f"provider {provider!r} is not supported for registration:"
             " only 'vllm' teachers can prove a Kiln identity"
