@@ -9,7 +9,7 @@ table, never a kind's name.
 Adding a kind: a module here with a ``KIND`` satisfying the protocol, its
 entry in ``KINDS``, the ``TeacherKind`` member, and an Alembic revision
 widening the ``teachers.kind`` CHECK constraint.  ``register_kind`` plugs a
-kind in at run time (tests use it; see ``tests/teachers/test_kind_table.py``).
+kind in at run time (tests use it; see ``tests/api/test_kind_table.py``).
 """
 
 from __future__ import annotations
