@@ -1,31 +1,25 @@
-"""Rows to wire: ``TeacherEntry`` and the off-policy manifest line of a stored teacher.
+"""Reads to wire: the ``TeacherEntry`` of a stored teacher (``teachers.views.TeacherRead``).
 
-Owns how a ``TeacherRow`` is published, as Kiln's ``teacher_entry``
-(``crates/kiln-server/src/api/teachers.rs``) does: the public status (an
-internal ``launching`` row is ``unavailable``; a ``verified`` row without an
-identity is ``legacy_unverified``; a verified row with a live problem, see
-``api.live_status``, is ``unavailable`` with that problem as its
-``status_message``), ``usable`` (verified with an identity and no live
-problem, or a ``configured`` fixture: Kiln lets a job name a fixture), the
-spec fields that come from the identity after a successful probe (model_id =
-served_model_id, max_top_k, vocab_size, tokenizer_hash =
-tokenizer_vocab_sha256), the capabilities (only for a usable identity; a
-fixture registered without bounds has none, as in Kiln) and the revision
-``"sha256:" + identity digest``.
+The read side (the identity parsed once, the kind's live checks, the public
+status, ``usable`` and the status message) is ``teachers.views``; this module
+maps it onto Kiln's ``teacher_entry`` shape
+(``crates/kiln-server/src/api/teachers.rs``): the spec fields that come from
+the identity after a successful probe (model_id = served_model_id, max_top_k,
+vocab_size, tokenizer_hash = tokenizer_vocab_sha256), the capabilities (only
+for a usable identity; a fixture registered without bounds has none, as in
+Kiln), the revision ``"sha256:" + identity digest`` and the off-policy
+manifest line.
 
 Pure: imports pydantic schemas, ``kiln_registry.identity``, the row type and
-``teachers.rows.stored_identity`` (the one stored-identity reader);
-never opens a session, a socket or FastAPI.
+``teachers.views``; never opens a session, a socket or FastAPI.
 """
 
 from __future__ import annotations
 
 from kiln_registry.db.models import TeacherRow
-from kiln_registry.domain.errors import RELEASE_NOTE
-from kiln_registry.domain.vocabulary import TeacherStatus as StoredStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.identity.off_policy import off_policy_manifest
-from kiln_registry.teachers.rows import stored_identity
+from kiln_registry.teachers.views import TeacherRead, published
 from kiln_registry.wire.teachers import (
     LogitSourceCaps,
     RemoteProvider,
@@ -37,40 +31,6 @@ from kiln_registry.wire.teachers import (
     TeacherSpec,
     TeacherStatus,
 )
-
-LEGACY_MESSAGE = (
-    "this alias was migrated from an older registry without a verified identity; delete it"
-    " and register it again with a credential_id (or a loopback URL) so both probes can run"
-    f" {RELEASE_NOTE}"
-)
-
-
-def public_status(
-    row: TeacherRow, identity: TeacherIdentity | None, problem: str | None = None
-) -> TeacherStatus:
-    if row.status == StoredStatus.launching:
-        return TeacherStatus.unavailable
-    status = TeacherStatus(row.status)
-    if status is TeacherStatus.verified and identity is None:
-        return TeacherStatus.legacy_unverified
-    if status is TeacherStatus.verified and problem is not None:
-        return TeacherStatus.unavailable
-    return status
-
-
-def _status_message(row: TeacherRow, status: TeacherStatus, problem: str | None) -> str | None:
-    if row.status_message:
-        # Messages stored before issue 15 (some frozen into migrations) say "register it
-        # again" without the release step a deleted alias now needs.
-        stored = row.status_message
-        if "register it again" in stored and "kiln teachers release" not in stored:
-            return f"{stored} {RELEASE_NOTE}"
-        return stored
-    if status is TeacherStatus.legacy_unverified:
-        return LEGACY_MESSAGE
-    if status is TeacherStatus.unavailable:
-        return problem
-    return None
 
 
 def _spec(row: TeacherRow, identity: TeacherIdentity | None) -> TeacherSpec:
@@ -102,22 +62,21 @@ def _capabilities(alias: str, identity: TeacherIdentity) -> LogitSourceCaps:
     )
 
 
-def entry_from_row(row: TeacherRow, problem: str | None = None) -> TeacherEntry:
+def entry_from_read(read: TeacherRead, problem: str | None = None) -> TeacherEntry:
     """The published ``TeacherEntry`` of one stored alias.
 
-    ``problem`` is the live check's finding (``api.live_status``), or None.
+    ``problem`` is the live checks' finding now (``TeacherRead.problem``), or None.
     """
-    identity = stored_identity(row)
-    status = public_status(row, identity, problem)
-    verified = status is TeacherStatus.verified and identity is not None
+    row, identity = read.row, read.identity
+    shown = published(read, problem)
     return TeacherEntry(
         spec=_spec(row, identity),
-        capabilities=_capabilities(row.alias, identity) if verified and identity else None,
-        status=status,
-        usable=verified or status is TeacherStatus.configured,
+        capabilities=_capabilities(row.alias, identity) if shown.verified and identity else None,
+        status=TeacherStatus(shown.status.value),
+        usable=shown.usable,
         identity_revision=identity.revision() if identity else None,
         off_policy_manifest=off_policy_manifest(identity) if identity else None,
-        status_message=_status_message(row, status, problem),
+        status_message=shown.message,
         replicas=_replicas(row),
     )
 

@@ -35,7 +35,7 @@ class EntryCache:
         self._lock = threading.Lock()
         self._version: int | None = None
         self._entries: dict[str, bytes] = {}
-        # Per-read checks stored with each body (api.live_status.ReadChecks); a body
+        # Per-read checks stored with each body (teachers.live_status.ReadChecks); a body
         # served from here is only published after its checks pass.
         self._checks: dict[str, object] = {}
 

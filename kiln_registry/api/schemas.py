@@ -7,7 +7,9 @@ forbid unknown fields; the fields that a registration may never carry
 (identity, bounds, secret names) get their own refusal message.
 
 Imports pydantic, ``kiln_registry.domain`` (aliases, limits, vocabulary),
-``credentials.origin``, ``wire.teachers`` and ``api.all_errors`` only.
+``credentials.origin``, ``wire.teachers`` and ``api.all_errors``; the
+registration body's per-kind rules are the kinds' (``teachers.kinds``,
+imported when a body is checked).
 """
 
 from __future__ import annotations
@@ -173,43 +175,13 @@ def _registration_problems(data: dict[str, Any]) -> list[str]:
             " bounds and secret variable names are server-controlled (use credential_id"
             " for an authenticated teacher)"
         )
+    # The kinds are server code: imported when a body is checked, so importing these
+    # schemas (the client does) does not load the teachers layer.
+    from kiln_registry.teachers.kinds import KINDS
+
     kind = data.get("kind")
     given = {name for name, value in data.items() if value is not None}
-    if kind == "remote":
-        problems += _remote_problems(data.get("provider"), given)
-    elif kind in ("local", "fixture"):
-        # Kiln (api/teachers.rs): provider, url and credential_id are remote-only; a
-        # local teacher's model_id is ignored (the loaded student is the model).
-        problems += [
-            "`provider`, `url`, and `credential_id` are only valid on kind=remote"
-            f" teachers ({name} was given for kind '{kind}')"
-            for name in ("provider", "url", "urls", "credential_id")
-            if name in given
-        ]
-        if kind == "fixture" and "model_id" not in given:
-            problems.append("model_id is required for kind 'fixture'")
-        if kind == "fixture" and "adapter" in given:
-            problems.append("`adapter` is only valid on kind=local teachers")
-    if kind in ("remote", "fixture") and "launch_profile" in given:
-        problems.append("launch_profile is only valid on kind=local teachers")
-    return problems
-
-
-def _remote_problems(provider: object, given: set[str]) -> list[str]:
-    problems: list[str] = []
-    if provider is None:
-        problems.append("provider is required for kind 'remote' (use 'vllm')")
-    elif (
-        isinstance(provider, str) and provider in RemoteProvider.__members__ and provider != "vllm"
-    ):
-        problems.append(
-            f"provider {provider!r} is not supported for registration:"
-            " only 'vllm' teachers can prove a Kiln identity"
-        )
-    if "model_id" not in given:
-        problems.append("model_id is required for kind 'remote'")
-    if "url" not in given and "urls" not in given:
-        problems.append("url (or urls, for a replica set) is required for kind 'remote'")
-    if "adapter" in given:
-        problems.append("adapter must be null for kind 'remote' (the identity binds it)")
+    strategy = KINDS.get(kind) if isinstance(kind, str) else None
+    if strategy is not None:  # an unknown kind is the field's own error
+        problems += strategy.request_problems(data, given)
     return problems

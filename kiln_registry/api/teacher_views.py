@@ -1,14 +1,15 @@
 """The API edge of teachers: entries, pages, receipts, and rendering the teachers layer.
 
 Owns what ``/v1/teachers`` answers: a ``TeacherEntry`` with every live check
-applied at read time (``api.live_status``), the coherent cache of rendered
+applied at read time (``teachers.views``), the coherent cache of rendered
 entries (``api.entry_cache``; ``api.fast_lookup`` serves it without the
 router), alias pages and receipt pages.  The write side (register, re-probe,
 relaunch, delete) is ``teachers.registration``; this module turns its rows
-and ``ProbeOutcome``s into wire schemas.
+and ``ProbeOutcome``s, and the read side's ``TeacherRead``s
+(``teachers.views``), into wire schemas.
 
-Imports the API context, schemas, entries and live status, the teachers
-layer and the database repository; never FastAPI.
+Imports the API context, schemas and entries, the teachers layer and the
+database repository; never FastAPI.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
-from kiln_registry.api.entries import entry_from_row
-from kiln_registry.api.live_status import NO_CHECKS, ReadChecks, assess
+from kiln_registry.api.entries import entry_from_read
 from kiln_registry.api.paging import (
     DEFAULT_PAGE,
     decode_cursor,
@@ -32,7 +32,9 @@ from kiln_registry.api.schemas import RegisterTeacherRequest
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository
 from kiln_registry.teachers import registration
-from kiln_registry.teachers.rows import load_row, stored_identity
+from kiln_registry.teachers.live_status import NO_CHECKS, ReadChecks
+from kiln_registry.teachers.rows import load_row
+from kiln_registry.teachers.views import read_teacher
 from kiln_registry.wire.teachers import (
     DeleteTeacherResponse,
     ProbeOutcome,
@@ -41,22 +43,13 @@ from kiln_registry.wire.teachers import (
     ReceiptsResponse,
     TeacherEntry,
     TeachersListResponse,
-    TeacherStatus,
 )
-
-
-def _live(ctx: RegistryContext, row: TeacherRow) -> tuple[str | None, ReadChecks]:
-    """The live problem fixed for this process, and the per-read checks (``live_status``)."""
-    identity = stored_identity(row)
-    if row.status != TeacherStatus.verified.value or identity is None:
-        return None, NO_CHECKS
-    return assess(ctx.config, ctx.student, row, identity)
 
 
 def entry_of(ctx: RegistryContext, row: TeacherRow) -> TeacherEntry:
     """The entry of ``row`` with every live check applied now (nothing is written)."""
-    fixed, checks = _live(ctx, row)
-    return entry_from_row(row, fixed or checks.problem(ctx.config))
+    read = read_teacher(ctx.config, ctx.student, row)
+    return entry_from_read(read, read.problem(ctx.config))
 
 
 async def register_teacher(ctx: RegistryContext, req: RegisterTeacherRequest) -> TeacherEntry:
@@ -100,14 +93,13 @@ def get_teacher(ctx: RegistryContext, alias: str) -> TeacherEntry:
 def _render_teacher(ctx: RegistryContext, alias: str) -> bytes:
     cache = ctx.entry_cache()
     seen = cache.version()  # read BEFORE the row: a later commit invalidates the copy
-    row = load_row(ctx, alias)
-    fixed, checks = _live(ctx, row)
-    problem = fixed or checks.problem(ctx.config)
-    body = entry_from_row(row, problem).model_dump_json(by_alias=True).encode("utf-8")
-    if fixed is not None:
+    read = read_teacher(ctx.config, ctx.student, load_row(ctx, alias))
+    problem = read.problem(ctx.config)
+    body = entry_from_read(read, problem).model_dump_json(by_alias=True).encode("utf-8")
+    if read.fixed is not None:
         cache.put(alias, body, seen, NO_CHECKS)  # cannot change while this process runs
     elif problem is None:
-        cache.put(alias, body, seen, checks)  # served while its per-read checks pass
+        cache.put(alias, body, seen, read.checks)  # served while its per-read checks pass
     return body
 
 

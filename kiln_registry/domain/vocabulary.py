@@ -53,6 +53,20 @@ TEACHER_KINDS_REMOTE_FIRST: Final[tuple[str, ...]] = (
 )
 
 
+# Kiln's remote protocols (``kiln_train::RemoteProvider``, ``api.schemas.RemoteProvider``);
+# a registration takes only ``vllm``, the one that can prove an identity.
+KILN_REMOTE_PROVIDERS: Final[tuple[str, ...]] = (
+    "vllm",
+    "sglang",
+    "llama_cpp",
+    "open_router",
+    "together",
+    "fireworks",
+    "deep_infra",
+    "tgi",
+)
+
+
 PUBLISHED_TEACHER_STATUSES: Final[tuple[TeacherStatus, ...]] = (
     TeacherStatus.verified,
     TeacherStatus.configured,

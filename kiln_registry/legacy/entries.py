@@ -24,17 +24,21 @@ Live conditions (the credential, the student match, an adapter directory)
 are re-checked when the entry is read, not here.  Values that do not fit
 the registry's own columns are not stored (and make the entry unavailable).
 
+What a kind allows (an empty ``model_id``, ``adapter``, ``identity``, the
+endpoint fields, ``max_top_k: 0``) and what a usable entry of it is stored as
+are the kind's (``teachers.kinds``: ``LegacyRules``).
+
 Imports: the standard library, ``kiln_registry.credentials.origin``,
 ``kiln_registry.db.legacy``, ``kiln_registry.domain`` (errors, limits, text,
-vocabulary) and
-``kiln_registry.identity.document``; never the API, probe or launcher layers.
+vocabulary), ``kiln_registry.identity.document`` and the teacher kind table;
+never the API layer.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kiln_registry.credentials.origin import parse_teacher_url, trim_url
 from kiln_registry.db.legacy import (
@@ -45,21 +49,14 @@ from kiln_registry.db.legacy import (
 from kiln_registry.domain.errors import RELEASE_NOTE, KilnError
 from kiln_registry.domain.limits import MAX_NOTES_CHARS, MAX_TEXT_CHARS
 from kiln_registry.domain.text import shown
-from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
+from kiln_registry.domain.vocabulary import KILN_REMOTE_PROVIDERS, TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
+
+if TYPE_CHECKING:
+    from kiln_registry.teachers.kinds.base import LegacyRules
 
 LEGACY_FIELD: Final = "api_key_env"
 KINDS: Final = tuple(kind.value for kind in TeacherKind)
-KILN_PROVIDERS: Final = (
-    "vllm",
-    "sglang",
-    "llama_cpp",
-    "open_router",
-    "together",
-    "fireworks",
-    "deep_infra",
-    "tgi",
-)
 _TEXT_FIELDS: Final = ("provider", "url", "credential_id", "adapter", "tokenizer_hash", "notes")
 _INT_FIELDS: Final = ("max_top_k", "vocab_size")
 SPEC_FIELDS: Final = frozenset(
@@ -98,8 +95,19 @@ def _check_types(fields: Mapping[str, Any]) -> None:
     if not isinstance(fields.get("supports_full_vocab"), bool | None):
         raise ValueError("field 'supports_full_vocab' must be null or a boolean")
     provider = fields.get("provider")
-    if provider is not None and provider not in KILN_PROVIDERS:
-        raise ValueError(f"field 'provider' must be null or one of {', '.join(KILN_PROVIDERS)}")
+    if provider is not None and provider not in KILN_REMOTE_PROVIDERS:
+        raise ValueError(
+            f"field 'provider' must be null or one of {', '.join(KILN_REMOTE_PROVIDERS)}"
+        )
+
+
+def _rules(kind: str) -> LegacyRules:
+    """What the kind allows in a teachers.json entry (``teachers.kinds``, ``LegacyRules``)."""
+    # The kind table loads the probing and launch code (numpy among it) and every
+    # ``kiln`` command imports this module (cli.registry_cmds): imported on first use.
+    from kiln_registry.teachers.kinds import kind_of
+
+    return kind_of(kind).legacy
 
 
 def _identity(fields: Mapping[str, Any]) -> TeacherIdentity | None:
@@ -115,23 +123,24 @@ def _identity(fields: Mapping[str, Any]) -> TeacherIdentity | None:
 
 
 def _static_problem(kind: str, fields: Mapping[str, Any], model_id: str) -> str | None:
-    """Kiln's ``validate_teacher_spec_static``, in its order."""
-    if not model_id.strip() and kind != TeacherKind.local:
+    """Kiln's ``validate_teacher_spec_static``, in its order (the kind's rules: ``LegacyRules``)."""
+    rules = _rules(kind)
+    if not model_id.strip() and not rules.model_id_optional:
         return "teacher model_id must be non-empty"
     if fields.get("supports_full_vocab") is True:
         return "supports_full_vocab=true is not available"
     if fields.get("vocab_size") == 0:
         return "teacher vocab_size must be greater than zero when specified"
-    if fields.get("max_top_k") == 0 and kind != TeacherKind.remote:
+    if fields.get("max_top_k") == 0 and not rules.zero_top_k_allowed:
         return (
             "teacher max_top_k must be greater than zero when specified for a local or"
             " fixture teacher"
         )
-    if fields.get("adapter") is not None and kind != TeacherKind.local:
+    if fields.get("adapter") is not None and not rules.takes_adapter:
         return f"`adapter` is only valid on kind=local teachers (got kind={kind})"
-    if fields.get("identity") is not None and kind == TeacherKind.fixture:
+    if fields.get("identity") is not None and not rules.takes_identity:
         return "`identity` is only valid on remote or local teachers"
-    if kind != TeacherKind.remote:
+    if not rules.takes_endpoint:
         if any(fields.get(name) is not None for name in ("provider", "url", "credential_id")):
             return "`provider`, `url`, and `credential_id` are only valid on kind=remote teachers"
         return None
@@ -163,7 +172,7 @@ def _identity_problem(
     """Kiln's checks of a pinned identity against the entry's other fields."""
     if model_id != identity.served_model_id:
         return f"model_id {shown(model_id)} does not match the identity's served model"
-    if kind == TeacherKind.local:
+    if _rules(kind).adapter_binds_identity:
         adapter = None if identity.adapter is None else identity.adapter.name
         if fields.get("adapter") != adapter:
             return "the local teacher's adapter does not match its pinned identity"
@@ -185,7 +194,8 @@ def _usable_status(
     kind: str, fields: Mapping[str, Any], model_id: str, identity: TeacherIdentity | None
 ) -> tuple[str, str | None]:
     """Kiln's ``teacher_entry`` status for an entry that did not carry ``api_key_env``."""
-    if kind in (TeacherKind.remote, TeacherKind.local) and identity is None:
+    rules = _rules(kind)
+    if rules.takes_identity and identity is None:
         return TeacherStatus.legacy_unverified.value, LEGACY_NO_IDENTITY_MESSAGE
     problem = _static_problem(kind, fields, model_id)
     if problem is None and identity is not None:
@@ -195,8 +205,7 @@ def _usable_status(
             TeacherStatus.unavailable.value,
             f"imported from a Kiln teachers.json: {problem}{_REMEDY}",
         )
-    usable = TeacherStatus.configured if kind == TeacherKind.fixture else TeacherStatus.verified
-    return usable.value, None
+    return rules.usable_status.value, None
 
 
 def legacy_entry(alias: str, fields: Mapping[str, Any]) -> LegacyEntry:
@@ -226,7 +235,7 @@ def legacy_entry(alias: str, fields: Mapping[str, Any]) -> LegacyEntry:
         url=trim_url(url) if url is not None and (usable or _parses(url)) else None,
         credential_id=credential_id if usable or _is_id(credential_id) else None,
         notes=texts["notes"],
-        adapter=texts["adapter"] if kind == TeacherKind.local else None,
+        adapter=texts["adapter"] if _rules(kind).takes_adapter else None,
         identity_json=None if identity is None else identity.canonical_bytes().decode("utf-8"),
         identity_digest=None if identity is None else identity.digest(),
         status=status,

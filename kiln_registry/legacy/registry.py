@@ -38,7 +38,8 @@ Imports: the standard library, SQLAlchemy's session types, ``kiln_registry.auth`
 ``kiln_registry.domain.aliases``, ``kiln_registry.config.settings``, ``kiln_registry.db``
 (legacy, repository), ``kiln_registry.domain`` (errors, text),
 ``kiln_registry.identity.hashing`` (the bounded read) and
-``kiln_registry.legacy.entries``; never the API, probe or launcher layers.
+``kiln_registry.legacy.entries`` (which asks the teacher kind table); never the
+API layer.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A job re-probes its pinned teacher before scoring (``jobs.runner``, phase b).
 When that probe reaches the teacher and fails, the alias becomes
 ``unavailable`` with the re-probe's own ``status_message``
-(``registration.reprobe_failure_message``) and the audit log gets the
+(``reprobe.reprobe_failure_message``) and the audit log gets the
 re-probe's event (``teacher.probe`` on the alias, outcome ``refused`` or
 ``failed`` by the error's HTTP status, under the name of the token that
 submitted the job), so the next submission is refused up front instead of
@@ -29,7 +29,7 @@ from kiln_registry.auth.repository import AuditBounds, AuditRepository
 from kiln_registry.db.repository import TeacherRepository
 from kiln_registry.domain.errors import KilnError
 from kiln_registry.domain.vocabulary import TeacherStatus
-from kiln_registry.teachers.registration import reprobe_failure_message
+from kiln_registry.teachers.reprobe import reprobe_failure_message
 
 PROBE_ACTION = "teacher.probe"  # the audit action of POST /v1/teachers/{alias}/probe
 

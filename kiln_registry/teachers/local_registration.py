@@ -21,9 +21,8 @@ never the API layer or FastAPI.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
-
-from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.config.settings import LocalTeacherConfig
 from kiln_registry.db.models import TeacherRow
@@ -35,8 +34,9 @@ from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local import student
 from kiln_registry.local.launch_spec import LOOPBACK_HOST, served_model_id
 from kiln_registry.teachers.context import LocalTeacherManager, TeacherServices
-from kiln_registry.teachers.local_replicas import probe_launched, replica_rows, replica_urls
+from kiln_registry.teachers.local_replicas import probe_launched, replica_urls
 from kiln_registry.teachers.probing import Receipt
+from kiln_registry.teachers.replicas import replica_rows
 from kiln_registry.teachers.rows import (
     TeacherRequest,
     alias_free,
@@ -184,12 +184,12 @@ async def _claim_student(
     """Kiln's shape: a generated profile of the student, reserved with its placeholder."""
     _refuse_profile_in_model_id(manager, req)
     manager.check_runtime()
-    profile = await run_in_threadpool(_student_profile, ctx, req)
+    profile = await asyncio.to_thread(_student_profile, ctx, req)
     name = student.profile_name(req.alias)
     manager.reserve_generated(req.alias, name, profile)
     placeholder = _placeholder(req, None, served_model_id(name, profile), teacher_url(profile))
     try:
-        await run_in_threadpool(insert_row, ctx, placeholder)
+        await asyncio.to_thread(insert_row, ctx, placeholder)
     except BaseException:
         manager.release(req.alias)
         raise
@@ -205,11 +205,11 @@ async def _claim(
     name, profile = _named_profile(manager, req)
     manager.check_runtime()
     placeholder = _placeholder(req, name, served_model_id(name, profile), teacher_url(profile))
-    await run_in_threadpool(insert_row, ctx, placeholder)
+    await asyncio.to_thread(insert_row, ctx, placeholder)
     try:
         manager.reserve(req.alias, name)
     except KilnError:
-        await run_in_threadpool(delete_quietly, ctx, req.alias)
+        await asyncio.to_thread(delete_quietly, ctx, req.alias)
         raise
     return profile, placeholder
 
@@ -225,17 +225,17 @@ async def register_local(ctx: TeacherServices, req: TeacherRequest) -> TeacherRo
     served = placeholder.model_id or ""
     alias = req.alias
     try:
-        handles = await run_in_threadpool(
+        handles = await asyncio.to_thread(
             manager.launch, alias, expected=None, status=status_sink(ctx, alias)
         )
-        await run_in_threadpool(
+        await asyncio.to_thread(
             set_status, ctx, alias, TeacherStatus.launching, "launching: probing"
         )
         urls = replica_urls(profile)
         identity, receipts = await probe_launched(ctx, alias, handles, urls, served, None)
-        return await run_in_threadpool(_publish, ctx, placeholder, identity, receipts, urls)
+        return await asyncio.to_thread(_publish, ctx, placeholder, identity, receipts, urls)
     except Exception:
-        await run_in_threadpool(_undo_registration, ctx, manager, alias)
+        await asyncio.to_thread(_undo_registration, ctx, manager, alias)
         raise
 
 

@@ -20,16 +20,15 @@ layer or FastAPI.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
-
-from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.config.settings import LocalTeacherConfig
 from kiln_registry.credentials.origin import parse_teacher_url
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository
-from kiln_registry.domain.errors import KilnError, RegistrationInvalid
+from kiln_registry.domain.errors import KilnError
 from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local import student
@@ -53,23 +52,17 @@ GONE_MESSAGE = (
 
 
 def _relaunch_target(
-    ctx: TeacherServices, alias: str
-) -> tuple[TeacherRow, TeacherIdentity, str, LocalTeacherConfig | None]:
-    row = load_row(ctx, alias)
-    if row.kind != TeacherKind.local:
-        raise RegistrationInvalid(
-            f"teacher alias {alias!r} is kind {row.kind!r}; only local teachers are launched",
-            rule="teacher.launch_not_local",
-        )
+    ctx: TeacherServices, row: TeacherRow
+) -> tuple[TeacherIdentity, str, LocalTeacherConfig | None]:
     identity = require_identity(row)
     if row.launch_profile is not None:
-        return row, identity, row.launch_profile, None
+        return identity, row.launch_profile, None
     # Kiln's shape: the student again (plus its adapter), on the port it was registered on.
     port = parse_teacher_url(row.url or "").port or 0
     profile = student.student_profile(
         ctx.config, row.adapter, port=port, width=ctx.student.model_width
     )
-    return row, identity, student.profile_name(alias), profile
+    return identity, student.profile_name(row.alias), profile
 
 
 def _failure_message(exc: KilnError) -> str:
@@ -89,10 +82,11 @@ def _mark_verified(
             receipt.store(session, alias, digest)
 
 
-async def relaunch_local(ctx: TeacherServices, alias: str) -> TeacherRow:
+async def relaunch_local(ctx: TeacherServices, row: TeacherRow) -> TeacherRow:
     """Launch an unavailable local alias again; it must reproduce its stored identity."""
     manager = local_manager(ctx, profiles=False)
-    row, identity, name, generated = await run_in_threadpool(_relaunch_target, ctx, alias)
+    alias = row.alias
+    identity, name, generated = await asyncio.to_thread(_relaunch_target, ctx, row)
     if manager.is_running(alias):
         return row
     manager.check_runtime()
@@ -104,18 +98,18 @@ async def relaunch_local(ctx: TeacherServices, alias: str) -> TeacherRow:
     try:
         urls = replica_urls(manager.profile(name))
         check_relaunch_urls(row, urls)
-        await run_in_threadpool(sink, "launching: relaunch queued")
-        handles = await run_in_threadpool(manager.launch, alias, expected=identity, status=sink)
+        await asyncio.to_thread(sink, "launching: relaunch queued")
+        handles = await asyncio.to_thread(manager.launch, alias, expected=identity, status=sink)
         served = identity.served_model_id
         _, receipts = await probe_launched(ctx, alias, handles, urls, served, identity)
-        await run_in_threadpool(_mark_verified, ctx, alias, receipts, identity.digest())
+        await asyncio.to_thread(_mark_verified, ctx, alias, receipts, identity.digest())
     except KilnError as exc:
-        await run_in_threadpool(_undo_relaunch, ctx, manager, alias, _failure_message(exc))
+        await asyncio.to_thread(_undo_relaunch, ctx, manager, alias, _failure_message(exc))
         raise
     except Exception:
-        await run_in_threadpool(_undo_relaunch, ctx, manager, alias, "relaunch failed")
+        await asyncio.to_thread(_undo_relaunch, ctx, manager, alias, "relaunch failed")
         raise
-    return await run_in_threadpool(load_row, ctx, alias)
+    return await asyncio.to_thread(load_row, ctx, alias)
 
 
 def _undo_relaunch(
@@ -127,7 +121,7 @@ def _undo_relaunch(
         set_status(ctx, alias, TeacherStatus.unavailable, why)
 
 
-def stop_before_delete(ctx: TeacherServices, alias: str) -> None:
+def stop_local(ctx: TeacherServices, alias: str) -> None:
     """Stop the alias's process group, if this registry runs one (blocking)."""
     if ctx.local_teachers is not None:
         ctx.local_teachers.stop(alias)

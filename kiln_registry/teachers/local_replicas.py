@@ -1,12 +1,11 @@
 """A local alias served by several processes: ``replicas = N`` in its launch profile.
 
 The manager (``local.process_groups``) prepares the snapshot once and spawns
-one process group per port (and device).  Here the registry proves them: each
-replica is probed through the one probing seam (``teachers.replicas.probe_each``,
-two at a time), all must prove the byte-identical identity
-(``replicas.same_identity_everywhere``), and that identity must be the one the
-launcher composed.  The alias is then stored as a replica set: E's
-``teacher_replicas`` rows (``replicas.replica_row``), one receipt per replica,
+one process group per port (and device).  Here the registry proves them through
+the probing code a remote replica set uses (``teachers.replicas.prove_endpoints``:
+two at a time, one byte-identical identity), and that identity must be the one
+the launcher composed.  The alias is then stored as a replica set: E's
+``teacher_replicas`` rows (``replicas.replica_rows``), one receipt per replica,
 ``url`` the first replica's.  A single-process profile keeps the single-URL
 shape (no replica rows).  Relaunch must find the ports it registered; the
 start-up reconcile marks each replica unavailable with its alias.
@@ -20,19 +19,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kiln_registry.config.settings import LocalTeacherConfig
-from kiln_registry.db.models import TeacherReplicaRow, TeacherRow, utc_timestamp
+from kiln_registry.db.models import TeacherRow, utc_timestamp
 from kiln_registry.domain.errors import IdentityMismatch, KilnError, RegistrationInvalid
 from kiln_registry.identity.document import TeacherIdentity, same_identity
 from kiln_registry.identity.fingerprint import verify_fingerprint
 from kiln_registry.local.launch_spec import LOOPBACK_HOST, RunningTeacher
 from kiln_registry.teachers.context import TeacherServices
-from kiln_registry.teachers.probing import Receipt, loopback_endpoint, registry_setup, run_probes
+from kiln_registry.teachers.probing import Receipt, loopback_endpoint, registry_setup
 from kiln_registry.teachers.replicas import (
     REPLICA_UNAVAILABLE,
     REPLICA_VERIFIED,
-    probe_each,
-    replica_row,
-    same_identity_everywhere,
+    prove_endpoints,
 )
 
 
@@ -66,23 +63,10 @@ async def probe_launched(
     pinned: TeacherIdentity | None,
 ) -> tuple[TeacherIdentity, list[Receipt]]:
     """Both probes of every launched replica; their one identity and one receipt each."""
-    setup = registry_setup(ctx)
-    if len(urls) == 1:
-        outcome = await run_probes(setup, loopback_endpoint(urls[0]), model_id, pinned)
-        identity, receipts = outcome.identity, [outcome.receipt]
-    else:
-        endpoints = [loopback_endpoint(url) for url in urls]
-        probed = await probe_each(setup, endpoints, model_id, pinned)
-        identity, receipts = same_identity_everywhere(probed)
+    endpoints = [loopback_endpoint(url) for url in urls]
+    identity, receipts = await prove_endpoints(registry_setup(ctx), endpoints, model_id, pinned)
     check_launched(alias, identity, handles)
     return identity, receipts
-
-
-def replica_rows(alias: str, urls: Sequence[str], digest: str) -> list[TeacherReplicaRow]:
-    """The ``teacher_replicas`` rows of a launched set (none for one process)."""
-    if len(urls) < 2:
-        return []
-    return [replica_row(alias, idx, url, digest) for idx, url in enumerate(urls)]
 
 
 def check_relaunch_urls(row: TeacherRow, urls: Sequence[str]) -> None:

@@ -1,19 +1,22 @@
 """Teacher replica sets: one alias, several endpoints that must prove one identity.
 
-A remote registration may give ``urls`` (2 to ``MAX_REPLICA_URLS`` distinct
-base URLs) instead of ``url``.  Every replica passes the rules of ``url``
-(``teacher_hosts``, the credential's exact origin) and is probed through the
-one probing seam (``teachers.probing.run_probes``), at most
-``REPLICA_PROBES`` at a time; the alias is accepted only if every replica
-proved the byte-identical canonical identity.  The alias row (whose ``url``
+A replica set is a property of a remote or local alias, not a kind of its
+own: the code here proves one endpoint or several (``prove_endpoints``).  A
+remote registration may give ``urls`` (2 to ``MAX_REPLICA_URLS`` distinct
+base URLs) instead of ``url`` (``teachers.kinds.remote``).  Every replica
+passes the rules of ``url`` (``teacher_hosts``, the credential's exact
+origin) and is probed through the one probing seam
+(``teachers.probing.run_probes``), at most ``REPLICA_PROBES`` at a time;
+the alias is accepted only if every replica proved the byte-identical
+canonical identity.  The alias row (whose ``url``
 is the first replica's) and one ``teacher_replicas`` row and one receipt per
 replica are written in one transaction.  A re-probe re-proves each replica
 against the pinned identity and records each replica's status; the alias
 stays usable while one replica is verified.
 
 Errors name the replica by its index (and its identity revision), never a
-secret.  Imports the probing seam, rows, the database and the identity
-layer; never the API layer or the job queue.
+secret.  Imports the probing seam, the database and the identity layer;
+never the API layer, the job queue or FastAPI.
 """
 
 from __future__ import annotations
@@ -23,9 +26,6 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from starlette.concurrency import run_in_threadpool
-
-from kiln_registry.auth.reserved import refuse_reserved
 from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.credentials.resolve import ResolvedTeacher
 from kiln_registry.db.models import TeacherReplicaRow, TeacherRow, utc_timestamp
@@ -39,7 +39,6 @@ from kiln_registry.domain.errors import (
 )
 from kiln_registry.domain.limits import MAX_REPLICA_URLS, MAX_TEXT_CHARS, MIN_REPLICA_URLS
 from kiln_registry.domain.text import clipped
-from kiln_registry.domain.vocabulary import TeacherStatus
 from kiln_registry.identity.diff import mismatch_detail
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.teachers.context import TeacherServices
@@ -52,7 +51,6 @@ from kiln_registry.teachers.probing import (
     resolve_endpoint,
     run_probes,
 )
-from kiln_registry.teachers.rows import TeacherRequest, alias_free, verified_fields
 
 # Replicas probed at once by one registration or re-probe (the registry limiter's
 # per-caller cap is 2: more would only be refused as busy).
@@ -162,39 +160,38 @@ def replica_row(alias: str, idx: int, url: str, digest: str) -> TeacherReplicaRo
     )
 
 
-def _persist(ctx: TeacherServices, row: TeacherRow, receipts: Sequence[Receipt]) -> TeacherRow:
-    with ctx.writing() as session:
-        refuse_reserved(session, row.alias)
-        TeacherRepository(session).insert(row, max_teachers=ctx.config.server.max_teachers)
-        for receipt in receipts:
-            receipt.store(session, row.alias, row.identity_digest)
-        return row
+def replica_rows(alias: str, urls: Sequence[str], digest: str) -> list[TeacherReplicaRow]:
+    """The ``teacher_replicas`` rows of an alias served at ``urls`` (none for one URL)."""
+    if len(urls) < 2:
+        return []
+    return [replica_row(alias, idx, url, digest) for idx, url in enumerate(urls)]
 
 
-async def register_replicas(
-    ctx: TeacherServices, req: TeacherRequest, urls: Sequence[str]
-) -> TeacherRow:
-    """Probe every replica, require one identity, persist alias, replicas and receipts."""
-    if req.model_id is None:  # the schema enforces it for 'remote'
-        raise RegistrationInvalid("model_id is required for kind 'remote'")
-    resolved = resolve_replicas(ctx, urls, req.credential_id)
-    await run_in_threadpool(alias_free, ctx, req.alias)
-    probed = await probe_each(registry_setup(ctx), resolved, req.model_id, None)
-    identity, receipts = same_identity_everywhere(probed)
-    digest = identity.digest()
-    row = TeacherRow(
-        alias=req.alias,
-        kind=req.kind.value,
-        provider=req.provider,
-        url=urls[0],
-        credential_id=req.credential_id,
-        notes=req.notes,
-        adapter=req.adapter,
-        status=TeacherStatus.verified.value,
-        **verified_fields(identity),
-    )
-    row.replicas = [replica_row(req.alias, i, url, digest) for i, url in enumerate(urls)]
-    return await run_in_threadpool(_persist, ctx, row, receipts)
+def resolve_all(
+    ctx: TeacherServices, urls: Sequence[str], credential_id: str | None
+) -> list[ResolvedTeacher]:
+    """Each endpoint's resolution; errors name the replica only in a replica set."""
+    if len(urls) == 1:
+        return [resolve_endpoint(ctx.config, urls[0], credential_id)]
+    return resolve_replicas(ctx, urls, credential_id)
+
+
+async def prove_endpoints(
+    setup: ProbeSetup,
+    endpoints: Sequence[ResolvedTeacher],
+    model_id: str,
+    pinned: TeacherIdentity | None,
+) -> tuple[TeacherIdentity, list[Receipt]]:
+    """Both probes of every endpoint; their one identity and one receipt each.
+
+    One endpoint is probed as itself; a replica set's are probed ``REPLICA_PROBES`` at
+    a time and must all prove the byte-identical identity.
+    """
+    if len(endpoints) == 1:
+        outcome = await run_probes(setup, endpoints[0], model_id, pinned)
+        return outcome.identity, [outcome.receipt]
+    probed = await probe_each(setup, endpoints, model_id, pinned)
+    return same_identity_everywhere(probed)
 
 
 def _store_reprobe(
@@ -249,7 +246,7 @@ async def reprobe_replicas(
     passed = [item for item in probed if isinstance(item, ProbeOutcome)]
     failure = None if passed else next(i for i in probed if isinstance(i, KilnError))
     update = alias_status(failure)
-    await run_in_threadpool(
+    await asyncio.to_thread(
         _store_reprobe, ctx, row.alias, probed, identity.digest(), update, setup.secret_names
     )
     if failure is not None:

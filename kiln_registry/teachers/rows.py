@@ -4,7 +4,8 @@ Owns the registration fields a caller supplies (``TeacherRequest``, which the
 API's ``RegisterTeacherRequest`` satisfies), the stored identity of a row
 (``stored_identity``, through ``TeacherIdentity.from_canonical_json``), the
 verified-identity requirement, the alias checks before a probe, and the small
-row updates (insert, status, quiet delete) every operation shares.
+row updates (insert, status, quiet delete) every operation shares, and
+``persist_new``: a new alias with its receipts in one transaction.
 
 Blocking: callers run these in worker threads.  Imports the database,
 identity and vocabulary layers and ``auth.reserved``; never the API layer.
@@ -12,6 +13,7 @@ identity and vocabulary layers and ``auth.reserved``; never the API layer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from kiln_registry.auth.reserved import refuse_reserved
@@ -26,6 +28,7 @@ from kiln_registry.domain.errors import (
 from kiln_registry.domain.vocabulary import TeacherKind, TeacherStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.teachers.context import TeacherServices
+from kiln_registry.teachers.probing import Receipt
 
 
 class TeacherRequest(Protocol):
@@ -106,6 +109,16 @@ def alias_free(ctx: TeacherServices, alias: str) -> None:
             raise AliasExists(f"teacher alias {alias!r} is already registered")
         TeacherRepository(session).check_new_alias(alias, ctx.config.server.max_teachers)
         refuse_reserved(session, alias)
+
+
+def persist_new(ctx: TeacherServices, row: TeacherRow, receipts: Sequence[Receipt]) -> TeacherRow:
+    """Insert a new alias (with its replica rows) and its receipts in one transaction."""
+    with ctx.writing() as session:
+        refuse_reserved(session, row.alias)
+        TeacherRepository(session).insert(row, max_teachers=ctx.config.server.max_teachers)
+        for receipt in receipts:
+            receipt.store(session, row.alias, row.identity_digest)
+        return row
 
 
 def insert_row(ctx: TeacherServices, row: TeacherRow) -> None:

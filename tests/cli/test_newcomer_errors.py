@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln_registry.config.settings import KilnConfig, load_config
+from kiln_registry.config.loader import load_config
+from kiln_registry.config.settings import KilnConfig
 from kiln_registry.config.suggest import known_keys, suggestion
 from kiln_registry.domain.errors import ConfigError
 

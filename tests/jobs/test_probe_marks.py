@@ -19,7 +19,7 @@ import pytest
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.teachers.job_probes import PinnedRegistration, mark_failed_probe
-from kiln_registry.teachers.registration import REPROBE_FAILED
+from kiln_registry.teachers.reprobe import REPROBE_FAILED
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.jobs.harness import Controlled, Registry, make_config, running_registry, student_identity
 from tests.probe.teacher_server import TeacherServer

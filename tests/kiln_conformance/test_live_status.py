@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from kiln_registry.api.live_status import ReadChecks
 from kiln_registry.config.loader import load_config
 from kiln_registry.db.repository import TeacherRepository
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.reference_teacher.app import create_reference_app
 from kiln_registry.reference_teacher.identity import load_reference_teacher
 from kiln_registry.reference_teacher.model import ReferenceTeacher
+from kiln_registry.teachers.live_status import ReadChecks
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.api.support import RegistryServer, run_registry, toml_str, write_config
 from tests.helpers import serve_app

@@ -7,7 +7,8 @@ delete and re-register is detected even with identical values) into the job
 row (``job_row``), after validating every input row against the pinned
 identity.  Unknown aliases are ``TeacherNotFound.in_job`` (``400
 teacher_not_registered``); aliases without a verified, usable identity are
-``IdentityRequired``.  Inputs are read outside any transaction; the insert
+``IdentityRequired`` (the alias's kind decides:
+``teachers.kinds``, ``check_pinnable``).  Inputs are read outside any transaction; the insert
 transaction (``insert_pinned``) re-reads the alias and refuses
 (``JobConflict``) if it changed meanwhile, and checks the queue's quotas
 (``jobs.core.quotas``).  A job belongs to the token that submitted it
@@ -17,7 +18,8 @@ another token's job is ``job_not_found`` like a missing one.
 
 Call these from a worker thread (they block on SQLite and files).
 Imports: standard library, SQLAlchemy, ``kiln_registry.config.settings``/``db``/
-``errors``/``identity`` and ``jobs.core``; never the API layer or a job kind.
+``errors``/``identity``, ``jobs.core`` and the teacher kind table; never the API layer
+or a job kind.
 """
 
 from __future__ import annotations
@@ -34,15 +36,15 @@ from kiln_registry.db.engine import BEGIN_OPTION
 from kiln_registry.db.models import TeacherRow, utc_timestamp
 from kiln_registry.db.repository import TeacherRepository, unit_of_work
 from kiln_registry.domain.errors import (
-    IdentityRequired,
     JobConflict,
     TeacherNotFound,
 )
-from kiln_registry.domain.vocabulary import JobStatus, TeacherKind, TeacherStatus
+from kiln_registry.domain.vocabulary import JobStatus
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.jobs.core.models import JobRow
 from kiln_registry.jobs.core.quotas import check_quotas
 from kiln_registry.jobs.core.repository import JobRepository
+from kiln_registry.teachers.kinds import kind_of
 
 RESULT_DIR_NAME = "job-results"
 
@@ -84,28 +86,7 @@ def pin_teacher(row: TeacherRow | None, alias: str) -> PinnedTeacher:
             f"teacher alias {alias!r} is not registered",
             hint="register the teacher first (POST /v1/teachers)",
         )
-    if row.kind == TeacherKind.fixture:
-        # Kiln's OPD scores a fixture with a synthetic uniform source; jobs here produce
-        # identity-bound corpora from a teacher endpoint, which a fixture does not have.
-        raise IdentityRequired(
-            f"teacher alias {alias!r} is a fixture: it has no endpoint and no identity to"
-            " score a job with",
-            hint="register a remote or local teacher for scoring jobs",
-        )
-    usable = (
-        row.status == TeacherStatus.verified
-        and row.identity_json is not None
-        and row.identity_digest is not None
-        and row.url is not None
-        and row.model_id is not None
-    )
-    if not usable:
-        # An unavailable alias says why (a failed re-probe or job probe names what to do).
-        why = f"{row.status}: {row.status_message}" if row.status_message else row.status
-        raise IdentityRequired(
-            f"teacher alias {alias!r} has no verified, usable identity (status {why})",
-            hint=IdentityRequired.default_hint,
-        )
+    kind_of(row.kind).check_pinnable(row, alias)  # the kind's refusal, if any
     assert row.identity_json and row.identity_digest and row.url and row.model_id
     identity = TeacherIdentity.from_canonical_json(row.identity_json)
     return PinnedTeacher(

@@ -8,7 +8,10 @@ width and tokenizer size), a local teacher's adapter directory still exists.
 A failure makes the entry ``unavailable`` (``usable: false``) with a
 ``status_message`` saying what changed and what to do; nothing is rewritten.
 
-Split for the cached ``GET`` path (``api.entry_cache``):
+Which checks apply is the kind's (``TeacherKindStrategy.live_checks``: a remote
+alias checks its credential and the student, a local one the student and, in
+Kiln's shape, its adapter directory); this module holds the checks.  Split for
+the cached ``GET`` path (``api.entry_cache``):
 
 * ``fixed_problem`` covers what cannot change while this process runs (the
   configuration is frozen and the student is loaded once): credential id and
@@ -20,7 +23,7 @@ Split for the cached ``GET`` path (``api.entry_cache``):
   beside the cached body and run at every read.
 
 Imports the configuration, credential and probe layers, ``local.student``
-(pure), the row type and the domain vocabulary; never FastAPI, a session or a socket.
+(pure) and the row type; never FastAPI, a session or a socket.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from kiln_registry.credentials.resolve import resolve_teacher_endpoint
 from kiln_registry.credentials.secrets import secret_problem
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.domain.errors import RELEASE_NOTE, KilnError
-from kiln_registry.domain.vocabulary import TeacherKind
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.local.student import adapter_problem
 from kiln_registry.probe.verify import StudentView, check_student
@@ -77,7 +79,8 @@ class ReadChecks:
 NO_CHECKS = ReadChecks()
 
 
-def _credential_problem(config: KilnConfig, row: TeacherRow) -> tuple[str | None, ReadChecks]:
+def credential_problem(config: KilnConfig, row: TeacherRow) -> tuple[str | None, ReadChecks]:
+    """A remote alias's credential and origin rules (fixed) and its variable (per read)."""
     if row.url is None:
         return None, NO_CHECKS
     try:
@@ -97,7 +100,8 @@ def _credential_problem(config: KilnConfig, row: TeacherRow) -> tuple[str | None
     return None, ReadChecks(credential_id=row.credential_id, env_name=credential.api_key_env)
 
 
-def _student_problem(identity: TeacherIdentity, student: StudentView) -> str | None:
+def student_problem(identity: TeacherIdentity, student: StudentView) -> str | None:
+    """The loaded student no longer matching ``identity`` (fixed while the process runs)."""
     try:
         check_student(identity, student)
     except KilnError as exc:
@@ -105,14 +109,8 @@ def _student_problem(identity: TeacherIdentity, student: StudentView) -> str | N
     return None
 
 
-def assess(
-    config: KilnConfig, student: StudentView, row: TeacherRow, identity: TeacherIdentity
-) -> tuple[str | None, ReadChecks]:
-    """``(fixed problem or None, per-read checks)`` of a verified row with an identity."""
-    if row.kind == TeacherKind.remote:
-        problem, checks = _credential_problem(config, row)
-        return problem or _student_problem(identity, student), checks
-    problem = _student_problem(identity, student)
-    if row.kind == TeacherKind.local and row.launch_profile is None and row.adapter is not None:
-        return problem, ReadChecks(adapter=row.adapter)  # Kiln's shape: the student's adapter
-    return problem, NO_CHECKS
+def adapter_checks(row: TeacherRow) -> ReadChecks:
+    """Kiln's shape of a local alias (no launch profile) re-checks its adapter directory."""
+    if row.launch_profile is None and row.adapter is not None:
+        return ReadChecks(adapter=row.adapter)
+    return NO_CHECKS
