@@ -104,6 +104,8 @@ def canned_answers(tmp: Path) -> tuple[Path, Path]:
     )
     bodies = [completion_request(SERVED, PROBE_PROMPT, k) for k in (1, TOP_K, TOP_K + 1)]
     bodies.append(bench_body())
+    # The endpoint sends each prompt of a batch as its own request (endpoint.batch).
+    bodies += [{**bench_body(), "prompt": prompt} for prompt in bench_body()["prompt"]]
 
     async def ask() -> dict[str, Any]:
         transport = httpx.ASGITransport(app=create_reference_app(teacher, api_key_env=None))

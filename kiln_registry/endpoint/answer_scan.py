@@ -41,14 +41,28 @@ class ScannedRows:
     used: bool = False
 
 
-def scan_envelope(body: bytes, admitted: Admitted, pin: Pin) -> object:
-    """The answer's envelope tree, each rows array replaced by its marker (see the module)."""
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """An answer checked on this path: ``envelope`` holds ``CUT_TEXT`` where ``body`` holds
+    each rows array, ``spans`` the arrays' places in ``body`` (document order)."""
+
+    envelope: bytes
+    spans: tuple[tuple[int, int], ...]
+    tree: object
+
+
+def scan_envelope(body: bytes, admitted: Admitted, pin: Pin) -> Scanned:
+    """The answer's envelope, each rows array scanned and cut out (see the module).
+
+    ``tree`` is the envelope parsed strictly, each cut a ``ScannedRows`` marker.
+    """
     k = admitted.prompt_logprobs
     if k is None or any(prompt is None for prompt in admitted.prompts):
         raise FastPathDeferred
     lengths = [len(prompt) for prompt in admitted.prompts if prompt is not None]
     pieces: list[bytes] = []
     markers: list[ScannedRows] = []
+    spans: list[tuple[int, int]] = []
     pos = 0
     for index in range(admitted.choices):  # bounded by the admitted prompts times n
         at = body.find(ARRAY_KEY, pos)
@@ -59,12 +73,13 @@ def scan_envelope(body: bytes, admitted: Admitted, pin: Pin) -> object:
         _, end = scan_rows_array(body, start, prompt_len, k, pin.vocab_size, pin.max_candidates)
         pieces += [body[pos:start], CUT_TEXT.encode()]
         markers.append(ScannedRows(prompt_len))
+        spans.append((start, end))
         pos = end
     pieces.append(body[pos:])
     envelope = b"".join(pieces)
     if envelope.count(CUT_TEXT.encode()) != len(markers):
         raise FastPathDeferred
-    return _parse_envelope(envelope, markers)
+    return Scanned(envelope, tuple(spans), _parse_envelope(envelope, markers))
 
 
 def _parse_envelope(envelope: bytes, markers: list[ScannedRows]) -> object:

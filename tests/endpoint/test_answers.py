@@ -117,7 +117,7 @@ def test_the_real_answer_takes_the_byte_scan(real: Any) -> None:
     from kiln_registry.endpoint.answer_scan import ScannedRows, scan_envelope
 
     body, admitted, pin, _ = real
-    top = scan_envelope(body, admitted, pin)
+    top = scan_envelope(body, admitted, pin).tree
     assert isinstance(top, dict)
     rows = [choice["prompt_logprobs"] for choice in top["choices"]]
     assert [type(r) for r in rows] == [ScannedRows, ScannedRows]
