@@ -18,8 +18,11 @@ of 511 tokens (512 with the one generated token: the tiny model's context),
   row) before relaying it;
 
 in ABBA order.  Reported per round: requests per second of each arm and their ratio
-(target >= 0.95), the median latency of each arm and the added median latency, and the
-endpoint process's CPU time (user + system, from ``/proc``) per 1,000 scored tokens.
+(target >= 0.95), the median latency of each arm and the added median latency, the
+endpoint process's CPU time (user + system, from ``/proc``) per 1,000 scored tokens, and
+the stand-in's CPU per request in each arm (a few ms: it only sleeps and writes canned
+bytes, so it is not what bounds either arm).  The endpoint sends each prompt of the batch
+as its own request (``endpoint.batch``); the stand-in answers those too.
 Run: ``.venv/bin/python bench/bench_endpoint.py [--rounds N] [--service-ms MS]``.
 """
 
@@ -104,6 +107,8 @@ def canned_answers(tmp: Path) -> tuple[Path, Path]:
     )
     bodies = [completion_request(SERVED, PROBE_PROMPT, k) for k in (1, TOP_K, TOP_K + 1)]
     bodies.append(bench_body())
+    # The endpoint sends each prompt of a batch as its own request (endpoint.batch).
+    bodies += [{**bench_body(), "prompt": prompt} for prompt in bench_body()["prompt"]]
 
     async def ask() -> dict[str, Any]:
         transport = httpx.ASGITransport(app=create_reference_app(teacher, api_key_env=None))
@@ -158,7 +163,9 @@ def endpoint_process(url: str, tmp: Path) -> tuple[subprocess.Popen[str], str]:
     raise SystemExit((tmp / "endpoint.log").read_text())
 
 
-def rounds(args: argparse.Namespace, direct: str, endpoint: str, pid: int) -> list[dict[str, Any]]:
+def rounds(
+    args: argparse.Namespace, direct: str, endpoint: str, pid: int, stand_in: int
+) -> list[dict[str, Any]]:
     body = json.dumps(bench_body(), separators=(",", ":")).encode()
     asyncio.run(arm(endpoint, body, 2, 1))  # warm both paths once
     asyncio.run(arm(direct, body, 2, 1))
@@ -167,9 +174,12 @@ def rounds(args: argparse.Namespace, direct: str, endpoint: str, pid: int) -> li
         order = ("direct", "endpoint") if index % 2 == 0 else ("endpoint", "direct")
         result: dict[str, Any] = {}
         for name in order:
-            before = cpu_seconds(pid)
+            before, stand_in_before = cpu_seconds(pid), cpu_seconds(stand_in)
             url = direct if name == "direct" else endpoint
             result[name] = asyncio.run(arm(url, body, args.requests, args.concurrency))
+            # The stand-in's CPU per request, the same for both arms: it must not be the bound.
+            stand_in_s = (cpu_seconds(stand_in) - stand_in_before) / args.requests
+            result[name]["stand_in_cpu_ms_per_request"] = stand_in_s * 1e3
             if name == "endpoint":
                 tokens = args.requests * BATCH * LENGTH
                 result["endpoint_cpu_s_per_1k_tokens"] = (cpu_seconds(pid) - before) / tokens * 1e3
@@ -204,7 +214,7 @@ def main() -> None:
             register(url, SERVED, direct)
             endpoint, base = endpoint_process(url, tmp)
             try:
-                measured = rounds(args, direct, base, endpoint.pid)
+                measured = rounds(args, direct, base, endpoint.pid, stand_in.pid)
             finally:
                 endpoint.terminate()
                 endpoint.wait(30)

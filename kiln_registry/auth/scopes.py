@@ -6,7 +6,9 @@
 always open).  Open paths are open for their own methods only: any other
 method on them needs ``admin`` like every unlisted route (issue 27, item 1:
 ``POST /health`` was an anonymous way to write audit rows),
-``read`` for GET routes, receipts and job status, ``register`` for
+``read`` for GET routes, receipts, job status and ``POST
+/v1/teachers/<alias>/report`` (a changed answer reported: the registry
+re-probes by itself and trusts nothing the caller says), ``register`` for
 registering, deleting, probing and launching teachers, ``jobs`` for
 submitting, cancelling, deleting jobs and fetching results, ``admin`` for the
 audit log and alias release.  Anything not listed needs ``admin`` (fail
@@ -42,6 +44,8 @@ def _teachers_scope(method: str, path: str) -> str:
         return "read"
     if path == TEACHERS:
         return "register" if method == "POST" else "admin"
+    if method == "POST" and path.endswith("/report"):
+        return "read"  # the registry re-probes by itself (the teacher endpoint's report)
     if method == "POST" and path.endswith(("/probe", "/launch")):
         return "register"
     if method == "DELETE":
@@ -92,7 +96,8 @@ def audit_action(method: str, path: str) -> tuple[str, str | None] | None:
     if path == TEACHERS and method == "POST":
         return "teacher.register", None
     if path.startswith(TEACHERS + "/"):
-        for suffix, action in (("/probe", "teacher.probe"), ("/launch", "teacher.launch")):
+        for suffix, action in (("/probe", "teacher.probe"), ("/launch", "teacher.launch"),
+                               ("/report", "teacher.report")):  # fmt: skip
             if method == "POST" and path.endswith(suffix):
                 return action, _tail(path, TEACHERS + "/", suffix)
         if method == "DELETE":

@@ -179,6 +179,7 @@ class ClientCore(Generic[TransportT, HttpT]):
     register_teacher = Operation(ops.register_teacher)
     delete_teacher = Operation(ops.delete_teacher)
     probe_teacher = Operation(ops.probe_teacher)
+    report_teacher = Operation(ops.report_teacher)
     launch_teacher = Operation(ops.launch_teacher)
     receipts = Operation(ops.receipts)
 

@@ -104,6 +104,11 @@ def probe_teacher(alias: str) -> Call[ProbeReportPublic]:
     return call("POST", f"/v1/teachers/{alias_path(alias)}/probe", ProbeReportPublic)
 
 
+def report_teacher(alias: str) -> Call[ProbeReportPublic]:
+    """Report answers outside the pin (scope ``read``); the registry re-probes by itself."""
+    return call("POST", f"/v1/teachers/{alias_path(alias)}/report", ProbeReportPublic)
+
+
 def launch_teacher(alias: str) -> Call[TeacherEntry]:
     """Relaunch an ``unavailable`` local alias with its stored identity."""
     return call("POST", f"/v1/teachers/{alias_path(alias)}/launch", TeacherEntry)

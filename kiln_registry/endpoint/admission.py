@@ -124,7 +124,7 @@ def admit(body: bytes, pin: Pin, limits: Limits) -> Admitted:
     _check_sampling(request)
     for prompt in prompts:
         _check_prompt_bounds(prompt, max_tokens, prompt_k, pin)
-    limit = _response_limit(prompts, n, max_tokens, max(prompt_k or 0, gen_k or 0), pin)
+    limit = response_limit(prompts, n, max_tokens, max(prompt_k or 0, gen_k or 0), pin)
     return Admitted(request, prompts, n, prompt_k, gen_k, max_tokens, limit)
 
 
@@ -302,7 +302,7 @@ def _check_stops(request: dict[str, Any]) -> None:
         )
 
 
-def _response_limit(
+def response_limit(
     prompts: tuple[tuple[int, ...] | None, ...], n: int, max_tokens: int, k: int, pin: Pin
 ) -> int:
     """Bytes an honest answer can take: the probe's per-token bound over every choice."""

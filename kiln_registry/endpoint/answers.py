@@ -1,7 +1,9 @@
 """The check every teacher answer passes before a byte of it is relayed.
 
-An HTTP 200 body must be strict JSON (``endpoint.fast_rows.fast_tree`` when orjson's
-tree is provably the strict one, else ``probe.parse.strict_loads``) that
+An HTTP 200 body must be strict JSON (first ``endpoint.answer_scan``: the rows arrays
+scanned over the bytes and the rest parsed strictly; where that path cannot decide,
+``endpoint.fast_rows.fast_tree`` when orjson's tree is provably the strict one, else
+``probe.parse.strict_loads``) that
 
 * carries the pinned ``system_fingerprint`` exactly (else the rule is
   ``endpoint.fingerprint`` and the error type ``teacher_identity_changed``);
@@ -28,7 +30,9 @@ from typing import Any
 
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.endpoint.admission import Admitted, Pin
+from kiln_registry.endpoint.answer_scan import Scanned, rows_at_marker, scan_envelope
 from kiln_registry.endpoint.fast_rows import KeyCount, check_rows_fast, envelope_keys, fast_tree
+from kiln_registry.probe.candidate_scan import FastPathDeferred
 from kiln_registry.probe.parse import check_logprob, parse_rows, strict_loads
 
 RowsCheck = Callable[..., object]
@@ -44,17 +48,27 @@ class AnswerRefused(Exception):
         self.identity_changed = identity_changed
 
 
-def check_answer(body: bytes, admitted: Admitted, pin: Pin, fingerprint: str) -> None:
-    """Refuse ``body`` unless it is an answer of the pinned teacher to ``admitted``."""
+def check_answer(body: bytes, admitted: Admitted, pin: Pin, fingerprint: str) -> Scanned | None:
+    """Refuse ``body`` unless it is an answer of the pinned teacher to ``admitted``.
+
+    Returns where the byte scan found the rows arrays, or None when another path checked it.
+    """
+    try:
+        scanned = scan_envelope(body, admitted, pin)  # the rows scanned over the bytes
+        _check_tree(scanned.tree, admitted, pin, fingerprint, rows_at_marker)
+        return scanned
+    except FastPathDeferred:
+        pass  # the whole answer is checked below, which accepts or refuses with its rule
     try:
         fast = fast_tree(body)  # orjson, kept only when no object repeated a key
         if fast is not None:
             seen = KeyCount()
             _check_tree(fast[0], admitted, pin, fingerprint, partial(check_rows_fast, seen=seen))
             if envelope_keys(fast[0]) + seen.keys == fast[1]:
-                return
+                return None
         top = strict_loads(body, what="the teacher's answer")
         _check_tree(top, admitted, pin, fingerprint, parse_rows)
+        return None
     except ProbeFailed as exc:
         raise AnswerRefused(exc.message, exc.rule or "probe.shape") from None
 

@@ -1,7 +1,12 @@
 """One completion request: admit, pick a replica, relay, check the answer, or refuse.
 
 ``relay_completion`` returns the teacher's 200 body *unchanged* once it has
-passed ``answers.check_answer``; anything else is an ``EndpointRefusal``:
+passed ``answers.check_answer``.  A batched ``prompt`` list is split into one
+request per prompt (``batch.split``), sent concurrently (each to the live
+replica with the fewest requests in flight), each answer checked, and the
+answers joined into vLLM's answer to the batch (``batch.join``; the rows are
+the teacher's bytes); the first refusal, in prompt order, answers the batch.
+Anything else is an ``EndpointRefusal``:
 
 * the request broke the allowlist or a bound: 400 (``admission``), before
   the teacher is asked;
@@ -37,7 +42,9 @@ import httpx
 from kiln_registry.credentials.redaction import redact_text
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.endpoint.admission import Admitted, admit
+from kiln_registry.endpoint.answer_scan import Scanned
 from kiln_registry.endpoint.answers import AnswerRefused, check_answer
+from kiln_registry.endpoint.batch import join, split
 from kiln_registry.endpoint.errors import (
     ANSWER_REFUSED,
     BAD_REQUEST,
@@ -62,6 +69,24 @@ async def relay_completion(state: EndpointState, http: httpx.AsyncClient, body: 
     if state.stop_reason is not None:
         raise unavailable(state.stop_reason)
     admitted = admit(body, state.pin, state.limits)
+    if len(admitted.prompts) == 1:
+        return (await _relay_one(state, http, admitted))[0]
+    parts = split(admitted, state.pin)
+    answers = await asyncio.gather(
+        *(_relay_one(state, http, part) for part in parts), return_exceptions=True
+    )
+    checked: list[tuple[bytes, Scanned | None]] = []
+    for answer in answers:  # the first refusal in prompt order is the batch's answer
+        if isinstance(answer, BaseException):
+            raise answer
+        checked.append(answer)
+    return join(checked, admitted.n)
+
+
+async def _relay_one(
+    state: EndpointState, http: httpx.AsyncClient, admitted: Admitted
+) -> tuple[bytes, Scanned | None]:
+    """One upstream request for ``admitted``: the checked body and where its rows lie."""
     tried: set[int] = set()
     while True:
         replica = state.pool.pick(frozenset(tried))
@@ -73,9 +98,9 @@ async def relay_completion(state: EndpointState, http: httpx.AsyncClient, body: 
             break
     if exchange.status != 200:
         raise _teacher_refusal(state, exchange)
-    await _checked(state, replica, exchange.body, admitted)
+    scanned = await _checked(state, replica, exchange.body, admitted)
     state.metrics.count_scored(admitted.scored_tokens)
-    return exchange.body
+    return exchange.body, scanned
 
 
 def _no_replica(state: EndpointState) -> EndpointRefusal:
@@ -126,12 +151,15 @@ def _transport_failed(state: EndpointState, replica: Replica, exc: ProbeFailed) 
     )
 
 
-async def _checked(state: EndpointState, replica: Replica, body: bytes, admitted: Admitted) -> None:
+async def _checked(
+    state: EndpointState, replica: Replica, body: bytes, admitted: Admitted
+) -> Scanned | None:
     try:
         if len(body) > THREAD_CHECK_BYTES:
-            await asyncio.to_thread(check_answer, body, admitted, state.pin, state.fingerprint)
-        else:
-            check_answer(body, admitted, state.pin, state.fingerprint)
+            return await asyncio.to_thread(
+                check_answer, body, admitted, state.pin, state.fingerprint
+            )
+        return check_answer(body, admitted, state.pin, state.fingerprint)
     except AnswerRefused as exc:
         state.metrics.count_refusal(exc.rule)
         state.fence(replica, exc.rule)

@@ -6,8 +6,9 @@ request gets 503 with it until the endpoint is restarted).  Two things set
 it:
 
 * ``fence``: a replica whose answer broke a rule is fenced, the registry is
-  told (``POST /v1/teachers/<alias>/probe`` in the background: the re-probe
-  marks the alias or replica unavailable and the registry audits it), and
+  told (``POST /v1/teachers/<alias>/report`` in the background, scope
+  ``read``: the registry re-probes by itself, marks the alias or replica
+  unavailable when the probes fail and audits it), and
   when no replica is left the endpoint stops;
 * ``check_registry`` (every ``--recheck-s`` from ``follow``): a deleted or
   released alias (404), one that is no longer usable, or a changed
@@ -40,7 +41,7 @@ class Registry(Protocol):
 
     async def get_teacher(self, alias: str) -> TeacherEntry: ...
 
-    async def probe_teacher(self, alias: str) -> ProbeReportPublic: ...
+    async def report_teacher(self, alias: str) -> ProbeReportPublic: ...
 
 
 def stop_reason_of(entry: TeacherEntry, revision: str) -> str | None:
@@ -98,7 +99,7 @@ class EndpointState:
 
     async def _reprobe(self) -> None:
         try:
-            report = await self.registry.probe_teacher(self.alias)
+            report = await self.registry.report_teacher(self.alias)
             log.warning("registry re-probe of %s: %s", self.alias, report.outcome.value)
         except RegistryClientError as exc:
             # A failed re-probe is the expected answer for a changed teacher.

@@ -68,6 +68,7 @@ __all__ = [
     "first_duplicate",
     "parse_completion_fast",
     "scan_completion",
+    "scan_rows_array",
 ]
 
 CHUNK_BYTES = 1 << 20
@@ -129,8 +130,7 @@ def scan_completion(
     if key_at < 0:
         raise FastPathDeferred
     start = key_at + len(_ARRAY_KEY) - 1
-    limits = _Limits(min(vocab_size, MAX_VOCAB_SIZE), k, expected_prompt_len - 1, max_candidates)
-    columns, end = _scan_array(body, start, limits)
+    columns, end = scan_rows_array(body, start, expected_prompt_len, k, vocab_size, max_candidates)
     envelope = body[:start] + _CUT_TEXT.encode() + body[end:]
     if envelope.count(_CUT_TEXT.encode()) != 1:
         raise FastPathDeferred
@@ -139,6 +139,18 @@ def scan_completion(
         return completion_from_tree(top, lambda entries: _rows_at_cut(entries, columns))
     except ProbeFailed as exc:
         raise FastPathDeferred from exc
+
+
+def scan_rows_array(
+    body: bytes, start: int, prompt_len: int, k: int, vocab_size: int, max_candidates: int
+) -> tuple[PromptLogprobColumns, int]:
+    """One prompt-logprobs array opening at ``body[start]``: its columns and the index past it.
+
+    The array alone, under ``parse.parse_rows``'s rules; ``FastPathDeferred`` where the
+    strict parser must decide (the teacher endpoint checks each choice's array with it).
+    """
+    limits = _Limits(min(vocab_size, MAX_VOCAB_SIZE), k, prompt_len - 1, max_candidates)
+    return _scan_array(body, start, limits)
 
 
 def _cut_float(text: str) -> object:

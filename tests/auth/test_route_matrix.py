@@ -42,6 +42,7 @@ ROUTES: dict[tuple[str, str], tuple[str, object, str | None]] = {
     ("POST", "/v1/teachers"): ("/v1/teachers", {}, "register"),
     ("DELETE", "/v1/teachers/{alias:path}"): ("/v1/teachers/nobody", None, "register"),
     ("POST", "/v1/teachers/{alias:path}/probe"): ("/v1/teachers/nobody/probe", None, "register"),
+    ("POST", "/v1/teachers/{alias:path}/report"): ("/v1/teachers/nobody/report", None, "read"),
     ("POST", "/v1/teachers/{alias:path}/launch"): ("/v1/teachers/nobody/launch", None, "register"),
     ("GET", "/v1/jobs"): ("/v1/jobs", None, "read"),
     ("GET", "/v1/jobs/{job_id}"): (f"/v1/jobs/{JOB}", None, "read"),

@@ -1,10 +1,11 @@
 """The per-answer check on real reference-teacher answers and on their tampered copies.
 
-A real answer of the reference teacher (batched, two prompts, prompt_logprobs 4) passes;
-each tampered copy is refused with its rule, on the orjson fast path and on the strict
-path alike: another fingerprint, a repeated key (which the fast path's key count sends to
-the strict parser), a missing or extra choice, a row wider than K+1, an id past the
-vocabulary, a positive logprob, rows that were not asked for.
+A real answer of the reference teacher (batched, two prompts, prompt_logprobs 4) passes,
+on the byte scan (``endpoint.answer_scan``); each tampered copy is refused with its rule,
+whichever path decides (the byte scan defers anything it cannot decide): another
+fingerprint, a repeated key (which the fast path's key count sends to the strict parser),
+a missing or extra choice, a row wider than K+1, an id past the vocabulary, a positive
+logprob, rows that were not asked for, rows swapped between prompts of other lengths.
 """
 
 from __future__ import annotations
@@ -97,3 +98,61 @@ def test_key_endings_counts_exactly_the_keys(text: str) -> None:
     pairs: list[int] = []
     json.loads(text, object_pairs_hook=lambda items: pairs.append(len(items)) or dict(items))
     assert key_endings(text.encode()) == sum(pairs)
+
+
+def _arrays(body: bytes) -> list[tuple[int, int]]:
+    """Where each choice's rows array starts and ends in a compact answer."""
+    from kiln_registry.endpoint.answer_scan import ARRAY_KEY
+
+    spans, pos = [], 0
+    while (at := body.find(ARRAY_KEY, pos)) >= 0:
+        start = at + len(ARRAY_KEY) - 1
+        end = body.index(b"}}]", start) + 3
+        spans.append((start, end))
+        pos = end
+    return spans
+
+
+def test_the_real_answer_takes_the_byte_scan(real: Any) -> None:
+    from kiln_registry.endpoint.answer_scan import ScannedRows, scan_envelope
+
+    body, admitted, pin, _ = real
+    top = scan_envelope(body, admitted, pin).tree
+    assert isinstance(top, dict)
+    rows = [choice["prompt_logprobs"] for choice in top["choices"]]
+    assert [type(r) for r in rows] == [ScannedRows, ScannedRows]
+    assert [r.prompt_len for r in rows] == [len(p) for p in PROMPTS]
+
+
+def test_tampered_compact_answers_are_refused_after_the_byte_scan(real: Any) -> None:
+    body, *_ = real
+    (a0, a1), (b0, b1) = _arrays(body)
+    swapped = body[:a0] + body[b0:b1] + body[a1:b0] + body[a0:a1] + body[b1:]
+    assert _refused(swapped, real).rule == "probe.prompt_logprobs_length"
+    positive = body.replace(b'"logprob":-', b'"logprob":', 1)
+    assert _refused(positive, real).rule == "probe.logprob_positive"
+    row_at = body.index(b"{", body.index(b"[null,", a0)) + 1
+    first = body[row_at : body.index(b"}", row_at) + 1]
+    repeated = body[:row_at] + first + b"," + body[row_at:]
+    assert _refused(repeated, real).rule == "probe.json_duplicate_key"
+    fingerprint = json.loads(body)["system_fingerprint"].encode()
+    other = body.replace(fingerprint, b"fp-other" + fingerprint[8:])
+    assert _refused(other, real).identity_changed
+
+
+def test_a_cut_literal_or_rows_key_in_the_envelope_leaves_the_verdict_to_the_strict_path(
+    real: Any,
+) -> None:
+    from kiln_registry.endpoint.answer_scan import CUT_TEXT, scan_envelope
+    from kiln_registry.probe.candidate_scan import FastPathDeferred
+
+    body, admitted, pin, fingerprint = real
+    literal = body.replace(b'"created":', b'"x":' + CUT_TEXT.encode() + b',"created":', 1)
+    with pytest.raises(FastPathDeferred):
+        scan_envelope(literal, admitted, pin)
+    check_answer(literal, admitted, pin, fingerprint)  # the strict path accepts it
+    (a0, a1), _ = _arrays(body)
+    decoy = body[:a1] + b',"logprobs_of_rows":{"prompt_logprobs":' + body[a0:a1] + b"}" + body[a1:]
+    with pytest.raises(FastPathDeferred):
+        scan_envelope(decoy, admitted, pin)  # the second cut is not the second choice's rows
+    check_answer(decoy, admitted, pin, fingerprint)  # an unknown key: the strict path's verdict

@@ -91,6 +91,23 @@ async def probe_teacher(alias: Alias, ctx: Ctx) -> ProbeReportPublic:
 
 
 @router.post(
+    "/{alias:path}/report",
+    operation_id="reportTeacher",
+    response_model=ProbeReportPublic,
+    responses=errors.PROBE_TEACHER,
+)
+async def report_teacher(alias: Alias, ctx: Ctx) -> ProbeReportPublic:
+    """Report that the alias answered outside its pin; the registry re-probes it by itself.
+
+    Scope `read` (what `kiln teacher-endpoint` holds): the report carries no claim, the
+    registry runs both probes against the stored identity exactly as `probeTeacher` does
+    and the probes alone decide (a failure marks the alias `unavailable`); audited as
+    `teacher.report`.
+    """
+    return await service.reprobe_teacher(ctx, alias)
+
+
+@router.post(
     "/{alias:path}/launch",
     operation_id="launchTeacher",
     response_model=TeacherEntry,
