@@ -34,13 +34,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 60.0
+MAX_LINES = 100_000
 ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL")
 CHILD_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -69,15 +71,26 @@ def child_env() -> dict[str, str]:
     return {**env, **CHILD_ENV}
 
 
+def drain(stream: IO[bytes], lines: list[str]) -> None:
+    """Keep reading ``stream`` (vLLM logs to stdout too: a full pipe would stall it)."""
+    for raw in iter(stream.readline, b""):
+        if len(lines) < MAX_LINES:
+            lines.append(raw.decode("utf-8", "replace"))
+
+
 def time_to_ready(
-    argv: list[str], port: int, log: Path, *, lines: int = 0
+    argv: list[str], port: int, log: Path, *, want: str = ""
 ) -> tuple[float, list[str]]:
-    """Seconds from start to /health 200; then (after ``lines`` stdout lines) stop it."""
+    """Seconds from start to /health 200; then (once a stdout line starts ``want``) stop it."""
     started = time.monotonic()
     with log.open("ab") as sink:
         proc = subprocess.Popen(
             argv, env=child_env(), stdout=subprocess.PIPE, stderr=sink, start_new_session=True
         )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=drain, args=(proc.stdout, lines), daemon=True)
+    reader.start()
     try:
         while not healthy(port):
             if proc.poll() is not None:
@@ -86,16 +99,20 @@ def time_to_ready(
                 raise SystemExit(f"bench_launch: not ready in {READY_TIMEOUT_S:g} s; see {log}")
             time.sleep(0.1)
         ready = time.monotonic() - started
-        assert proc.stdout is not None
         # kiln-teacher prints its --timings line just after its own readiness check.
-        read = [proc.stdout.readline().decode("utf-8", "replace") for _ in range(lines)]
+        waited = time.monotonic()
+        while want and not any(line.startswith(want) for line in list(lines)):
+            if proc.poll() is not None or time.monotonic() - waited > STOP_GRACE_S:
+                break
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)  # kiln-teacher drains vLLM and the gateway itself
-        proc.communicate(timeout=STOP_GRACE_S)
+        proc.wait(timeout=STOP_GRACE_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return ready, read
+        reader.join(timeout=10)
+    return ready, list(lines)
 
 
 def bare_argv(model: Path, port: int) -> list[str]:
@@ -134,7 +151,7 @@ def run_round(index: int, model: Path, tmp: Path, report: dict[str, Any]) -> Non
             report["bare_s"].append(round(seconds, 3))
         else:
             seconds, lines = time_to_ready(
-                kiln_argv(model, port, tmp), port, tmp / "kiln.log", lines=2
+                kiln_argv(model, port, tmp), port, tmp / "kiln.log", want='{"timings"'
             )
             phases = timings_of(lines)
             report["kiln_s"].append(round(seconds, 3))

@@ -34,6 +34,7 @@ and sibling launcher modules; never torch, Transformers or vLLM.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -131,6 +132,17 @@ class PendingRecheck:
         self._started = started
         self._lock = threading.Lock()
         self._outcome: LauncherError | bool = False
+        self._exited_at: float | None = None
+        # The phase ends when the child exits, not when the launcher gets round to reading it.
+        threading.Thread(target=self._watch, name="kiln-recheck-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Note when the child exits; ``WNOWAIT`` leaves it for ``Popen`` to reap."""
+        try:
+            os.waitid(os.P_PID, self._child.proc.pid, os.WEXITED | os.WNOWAIT)
+        except OSError:
+            return  # already reaped (closed): the reading time stands
+        self._exited_at = time.monotonic()
 
     def wait(self, interrupted: Interrupted | None = None) -> bool:
         """True once the recheck agreed; False when ``interrupted()`` turned true first.
@@ -152,7 +164,8 @@ class PendingRecheck:
                 self._child.close()
                 raise
             self._child.close()
-            self._clock.end("recheck", self._started)
+            ended = self._exited_at or time.monotonic()
+            self._clock.record("recheck", ended - self._started)
             self._outcome = True
             return True
 

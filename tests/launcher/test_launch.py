@@ -208,7 +208,8 @@ def test_real_launch_path_with_a_stand_in_vllm(
         "KILN_TEACHER_STOP_GRACE_SECONDS": "5",
     }
     flags = [f"--model-path={tiny_model.path}", f"--adapter-path={tiny_adapter}",
-             "--served-model-id=adapter", "--max-top-k=8", "--max-model-len=64"]  # fmt: skip
+             "--served-model-id=adapter", "--max-top-k=8", "--max-model-len=64",
+             "--timings"]  # fmt: skip
     extras = ["--", f"--port={port}", "--host=127.0.0.1", "--api-key=launch-secret"]
     launcher = subprocess.Popen(
         [str(python), "-m", "kiln_registry.launcher", *flags, f"--snapshot-root={snapshots}",
@@ -237,6 +238,8 @@ def test_real_launch_path_with_a_stand_in_vllm(
         assert announced["url"] == f"http://127.0.0.1:{port}"
         assert announced["boundary"]["mode"] == "gateway"
         _check_gateway(port, started["argv"])
+        timings = json.loads(launcher.stdout.readline())["timings"]  # --timings, once ready
+        assert {"stage", "recheck", "vllm_ready", "gateway"} <= set(timings["phases"])
         cache = Path(started["env"]["VLLM_CACHE_ROOT"])
         assert cache.parent == caches and cache.name.startswith("cache-")
         assert started["env"]["PYTHONDONTWRITEBYTECODE"] == "1"
