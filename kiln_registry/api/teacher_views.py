@@ -20,7 +20,6 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from kiln_registry.api.context import RegistryContext
-from kiln_registry.api.entries import entry_from_read
 from kiln_registry.api.paging import (
     DEFAULT_PAGE,
     decode_cursor,
@@ -32,6 +31,7 @@ from kiln_registry.api.schemas import RegisterTeacherRequest
 from kiln_registry.db.models import TeacherRow
 from kiln_registry.db.repository import TeacherRepository
 from kiln_registry.teachers import registration
+from kiln_registry.teachers.entries import entry_from_read
 from kiln_registry.teachers.live_status import NO_CHECKS, ReadChecks
 from kiln_registry.teachers.rows import load_row
 from kiln_registry.teachers.views import read_teacher

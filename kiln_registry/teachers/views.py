@@ -13,7 +13,7 @@ does: the public status (an internal ``launching`` row is ``unavailable``; a
 with a live problem is ``unavailable`` with that problem as its
 ``status_message``) and ``usable`` (verified with an identity and no live
 problem, or a ``configured`` fixture: Kiln lets a job name a fixture).  The
-API renders both as Kiln's ``TeacherEntry`` (``api.entries``).
+API renders both as Kiln's ``TeacherEntry`` (``teachers.entries``).
 
 Pure apart from the environment and ``stat`` of the per-read checks; never
 opens a session or a socket, never imports the API layer or FastAPI.
