@@ -42,12 +42,12 @@ from kiln_registry.jobs.state import ClaimedJob, ClaimLost
 log = logging.getLogger("kiln_registry.jobs")
 
 # A flush is one write transaction (cache rows, fenced progress update, cancel flag read):
-# about 3-5 ms of registry CPU, taken from a teacher that shares the host.  At most this many
-# verified results or seconds of work wait uncommitted (a crash rescores them).  The durable
-# cancel flag is read back at every flush and heartbeat, so a cancellation requested through
-# another process arrives within FLUSH_SECONDS (bench/RESULTS.md, job queue).
-FLUSH_ROWS: Final = 256
-FLUSH_SECONDS: Final = 2.0
+# 3-8 ms of registry CPU, about 5% of a cold job's (bench/RESULTS.md, job queue).  It stays
+# at every 64 rows or 0.5 s: progress shows within a second (the fault tests freeze or kill
+# a worker once a job shows progress) and a cancellation made through another process
+# arrives within FLUSH_SECONDS while answers arrive.
+FLUSH_ROWS: Final = 64
+FLUSH_SECONDS: Final = 0.5
 
 
 class Row(Protocol):
