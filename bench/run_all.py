@@ -2,7 +2,15 @@
 
 One command for all of ``bench/``:
 
-    .venv/bin/python bench/run_all.py [--only NAME ...] [--allow-load] [--dry-run]
+    .venv/bin/python bench/run_all.py [--only NAME ... | --changed [REV]] [--allow-load] [--dry-run]
+
+``--changed [REV]`` runs only the benchmarks whose code differs from ``REV``
+(default ``HEAD``; a branch is checked with ``--changed main``): the files
+``git diff --name-only`` lists against the merge base of ``REV`` and ``HEAD``
+(commits since ``REV``, or since the branch left it, and uncommitted
+changes) and untracked ones, mapped to benchmarks by the explicit table in
+``bench/touches.py``.  A change is done only after this rerun (see
+``docs/development.md``).
 
 For each benchmark it waits (up to ``--wait`` seconds) for the 1-minute load
 average to fall to ``--max-load`` (default 1.0) and refuses to run it above
@@ -33,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from touches import touched
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -105,6 +115,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                lambda r: [x["cold_vs_capacity"] for x in r["rounds"]], 0.9, True),
         Figure("cached re-run speedup", lambda r: [x["cached_speedup"] for x in r["rounds"]],
                50, True),
+        Figure("registry CPU per 1,000 scored tokens (cold job)",
+               lambda r: [x["registry_cpu_s_per_1k_tokens"] * 1000 for x in r["rounds"]],
+               120, False, " ms"),
     ), "OPD scoring job against the reference teacher; cached re-run vs cold"),
     Benchmark("gateway", ("bench_gateway.py", "--rounds", "5"), (
         Figure("gateway / vLLM socket directly", lambda r: [x["ratio"] for x in r["rounds"]],
@@ -192,6 +205,38 @@ def parse_report(stdout: str) -> Report:
     return report
 
 
+def changed_files(rev: str, repo: Path = REPO) -> list[str]:
+    """Paths that differ from ``rev``: committed since, uncommitted, and untracked."""
+
+    def git(*argv: str) -> list[str]:
+        done = subprocess.run(["git", *argv], cwd=repo, capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        if done.returncode != 0:
+            why = done.stderr.strip()[:300]
+            raise SystemExit(f"run_all: git {' '.join(argv)} failed: {why} (give --changed a"
+                             " revision git knows, e.g. main or HEAD~1)")  # fmt: skip
+        return [line for line in done.stdout.splitlines() if line]
+
+    base = git("merge-base", rev, "HEAD")[0]  # a branch: where it left ``rev``, not rev's tip
+    return sorted({*git("diff", "--name-only", base, "--"),
+                   *git("ls-files", "--others", "--exclude-standard")})  # fmt: skip
+
+
+def select_changed(rev: str, repo: Path = REPO) -> list[str]:
+    """The benchmarks that exercise a file changed since ``rev``, each with why."""
+    changed = changed_files(rev, repo)
+    names = []
+    for bench in BENCHMARKS:
+        paths = touched(bench.name, bench.argv[0], changed)
+        if paths:
+            more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+            print(f"--changed {rev}: {bench.name} exercises {', '.join(paths[:3])}{more}")
+            names.append(bench.name)
+    if not names:
+        print(f"--changed {rev}: no benchmark exercises the {len(changed)} changed file(s)")
+    return names
+
+
 def run_one(bench: Benchmark, args: argparse.Namespace) -> dict[str, Any]:
     load = wait_quiet(args.max_load, args.wait)
     if load > args.max_load and not args.allow_load:
@@ -241,8 +286,11 @@ def load_history() -> dict[str, list[dict[str, Any]]]:
     return data
 
 
-def _cell(run: dict[str, Any], index: int) -> str:
-    fig = run["figures"][index]
+def _cell(run: dict[str, Any], name: str) -> str | None:
+    """One run's figure ``name``, or None for a run recorded before that figure existed."""
+    fig = next((f for f in run["figures"] if f["name"] == name), None)
+    if fig is None:
+        return None
     value = f"{fig['median']:g}{fig['unit']}"
     flag = "" if fig["met"] else " (not met)"
     quiet = "" if run["quiet"] else ", loaded"
@@ -256,8 +304,9 @@ def render_table(history: dict[str, list[dict[str, Any]]], facts: dict[str, Any]
              "| benchmark | figure | target | recorded runs |", "|---|---|---|---|"]  # fmt: skip
     for bench in BENCHMARKS:
         runs = history.get(bench.name, [])
-        for index, fig in enumerate(bench.figures):
-            cells = "; ".join(_cell(run, index) for run in runs) or "not run yet"
+        for fig in bench.figures:
+            found = [cell for run in runs if (cell := _cell(run, fig.name)) is not None]
+            cells = "; ".join(found) or "not run yet"
             lines.append(f"| `{bench.name}`: {bench.what} | {fig.name} | {fig.target_text()} "
                          f"| {cells} |")  # fmt: skip
     packages = ", ".join(f"{k} {v}" for k, v in facts["packages"].items() if v)
@@ -280,12 +329,24 @@ def write_results(table: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=[b.name for b in BENCHMARKS])
+    pick = parser.add_mutually_exclusive_group()
+    pick.add_argument("--only", nargs="+", choices=[b.name for b in BENCHMARKS])
+    pick.add_argument(
+        "--changed",
+        nargs="?",
+        const="HEAD",
+        metavar="REV",
+        help="run the benchmarks whose code differs from REV (default HEAD)",
+    )
     parser.add_argument("--max-load", type=float, default=1.0)
     parser.add_argument("--wait", type=float, default=180.0, help="seconds to wait for quiet")
     parser.add_argument("--allow-load", action="store_true", help="record on a loaded machine")
     parser.add_argument("--dry-run", action="store_true", help="print, record nothing")
     args = parser.parse_args()
+    if args.changed is not None:
+        args.only = select_changed(args.changed)
+        if not args.only:
+            return
     facts = machine_facts()
     history = load_history()
     for bench in BENCHMARKS:
