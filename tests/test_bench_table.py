@@ -69,7 +69,10 @@ def test_changed_selects_from_git(tmp_path: Path) -> None:
     (repo / "README.md").write_text("v2\n", encoding="utf-8")
     assert run_all.select_changed("HEAD", repo) == []  # docs alone rerun nothing
     (repo / "kiln_registry/gateway/app.py").write_text("v2\n", encoding="utf-8")
-    assert run_all.select_changed("HEAD", repo) == ["gateway", "launch"]  # the launch runs the gateway
+    assert run_all.select_changed("HEAD", repo) == [
+        "gateway",
+        "launch",
+    ]  # the launch runs the gateway
     _git(repo, "commit", "-q", "-am", "gateway")
     (repo / "kiln_registry/jobs/pipeline.py").write_text("new\n", encoding="utf-8")
     assert run_all.select_changed("HEAD", repo) == ["jobs", "generation", "scaleout", "flood"]
