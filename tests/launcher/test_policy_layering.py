@@ -13,7 +13,12 @@ import kiln_registry.launcher
 LAUNCHER_DIR = Path(kiln_registry.launcher.__file__).parent
 # Every policy module (policy.py and policy_*.py) is pure and may import the others.
 POLICY_MODULES = tuple(sorted(path.name for path in LAUNCHER_DIR.glob("policy*.py")))
-ALLOWED_PROJECT_IMPORTS = {"kiln_registry.domain.errors"} | {
+# The vLLM option tables moved below config into the pure vllm_options leaf (issue 29).
+ALLOWED_PROJECT_IMPORTS = {
+    "kiln_registry.domain.errors",
+    "kiln_registry.vllm_options.options",
+    "kiln_registry.vllm_options.tables",
+} | {
     f"kiln_registry.launcher.{module.removesuffix('.py')}"
     for module in POLICY_MODULES
     if module != "policy.py"
