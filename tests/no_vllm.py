@@ -15,18 +15,13 @@ import sysconfig
 from pathlib import Path
 
 
-def build_python_without_vllm(dest: Path) -> Path:
-    """Create the environment under ``dest``; return its python executable."""
+def bare_venv(dest: Path) -> tuple[Path, str]:
+    """A pip-less venv at ``dest/venv`` of the base interpreter: its python and site directory."""
     subprocess.run(
         [sys._base_executable, "-m", "venv", "--without-pip", str(dest / "venv")],  # type: ignore[attr-defined]
         check=True,
         timeout=120,
     )
-    shadow = dest / "site"
-    shadow.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not entry.name.lower().startswith("vllm"):
-            (shadow / entry.name).symlink_to(entry)
     python = dest / "venv" / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -35,6 +30,17 @@ def build_python_without_vllm(dest: Path) -> Path:
         text=True,
         timeout=60,
     ).stdout.strip()
+    return python, purelib
+
+
+def build_python_without_vllm(dest: Path) -> Path:
+    """Create the environment under ``dest``; return its python executable."""
+    shadow = dest / "site"
+    shadow.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.lower().startswith("vllm"):
+            (shadow / entry.name).symlink_to(entry)
+    python, purelib = bare_venv(dest)
     # A .pth line starting with "import" runs: addsitedir also processes the
     # linked .pth files (the editable install's finder among them).
     (Path(purelib) / "kiln_tests_shadow.pth").write_text(

@@ -12,9 +12,9 @@ package is not installed.  This blocker is the stand-in for "not installed".
 from __future__ import annotations
 
 import site
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.no_vllm import bare_venv
 
 BLOCKED = ("psycopg", "psycopg_binary", "torch", "transformers", "safetensors", "vllm")
 
@@ -35,19 +35,7 @@ for directory in {sites!r}:
 
 def build_python_without_extras(dest: Path) -> Path:
     """Create the environment under ``dest``; return its python executable."""
-    subprocess.run(
-        [sys._base_executable, "-m", "venv", "--without-pip", str(dest / "venv")],  # type: ignore[attr-defined]
-        check=True,
-        timeout=120,
-    )
-    python = dest / "venv" / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.strip()
+    python, purelib = bare_venv(dest)
     sites = [p for p in site.getsitepackages() if Path(p).is_dir()]
     code = _BLOCKER.format(blocked=frozenset(BLOCKED), sites=sites)
     (Path(purelib) / "kiln_tests_no_extras.py").write_text(code, encoding="utf-8")
