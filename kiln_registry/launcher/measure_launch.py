@@ -9,17 +9,22 @@ checks and the vLLM argv.  The phases and what each waits for:
 * the runtime-content digest runs on a thread of this process from the
   start (file reads and hashing; nothing is imported);
 * the snapshot is staged on this thread (copy while hashing, seal, verify);
-* once it is staged, the pre-spawn recheck child starts (it re-measures the
-  whole contract from scratch, under the exact child environment) and the
-  staged model digests are read from the manifest, the tokenizer digests
-  asked of the probe child;
-* the identity is composed from this process's measurements, then the
-  recheck child's document must equal them byte for byte: before vLLM is
-  spawned when vLLM's own port is the boundary (``--gateway=off``), or,
-  with the gateway (``defer_recheck``), before the gateway starts, so the
-  recheck overlaps vLLM's own start-up while vLLM listens only on its
-  private socket (``PendingRecheck``).  Either way nothing is served until
-  the recheck agrees; a disagreement drains vLLM and fails the launch.
+* once it is staged, the staged model digests are read from the manifest and
+  the tokenizer digests asked of the probe child;
+* the identity is composed from this process's measurements, then a fresh
+  recheck child (it re-measures the whole contract from scratch, under the
+  exact child environment) must print the same document byte for byte:
+  started at once and awaited before vLLM is spawned when vLLM's own port is
+  the boundary (``--gateway=off``), or, with the gateway (``defer_recheck``),
+  started by ``PreparedLaunch.spawn`` once vLLM is spawned and awaited before
+  the gateway starts, so it overlaps vLLM's own start-up while vLLM listens
+  only on its private socket (``PendingRecheck``).  Either way nothing is
+  served until the recheck agrees; a disagreement drains vLLM and fails the
+  launch.
+* On a machine with few cores the work before spawn is scheduled so the
+  critical path goes first: the runtime digest's threads run at a lower
+  priority than the probe child, and the deferred recheck at a lower
+  priority than vLLM.  Scheduling only: nothing measured depends on it.
 
 Nothing measured changes: the same functions run over the same inputs, in
 other processes or threads, so the identity and fingerprint are the ones a
@@ -34,10 +39,11 @@ and sibling launcher modules; never torch, Transformers or vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from kiln_registry.domain.errors import LauncherError
@@ -66,8 +72,27 @@ from kiln_registry.launcher.vllm_command import (
     vllm_server_argv,
 )
 
+RUNTIME_NICE = 10
+RECHECK_NICE = 10
+
+
+def _yield_to_probe() -> None:
+    """Lower this thread's priority (Linux: per thread; its hashing workers inherit it).
+
+    On a machine with few cores the identity probe child (the torch and Transformers
+    imports: the critical path before spawn) then takes a core ahead of the digest's
+    threads instead of sharing it.  Scheduling only: nothing measured changes, and no
+    child process is ever started from this thread.  Best effort: an OS that refuses
+    leaves the priority as it was.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RUNTIME_NICE)
+    except (AttributeError, OSError):
+        return
+
 
 def _timed_runtime(clock: PhaseClock, limiter: ReadRateLimiter, python: str) -> RuntimeContent:
+    _yield_to_probe()
     with clock.phase("runtime_digest"):
         return runtime_content(limiter=limiter, python_executable=python)
 
@@ -98,8 +123,9 @@ def stage_and_measure(
             try:
                 snapshot = _stage(request, paths, limiter, progress, clock)
                 created.append(snapshot)
-                recheck_started = time.monotonic()
-                recheck = start_recheck(_recheck_argv(request, snapshot, python), child_env)
+                argv = _recheck_argv(request, snapshot, python)
+                if not defer_recheck:
+                    recheck = start_recheck(argv, child_env)
                 model = staged_model_part(snapshot, limiter=limiter, tokenizer=probe.tokenizer)
                 accelerator = probe.accelerator()
                 _record_probe(clock, probe)
@@ -110,34 +136,65 @@ def stage_and_measure(
         runtime = RuntimePart(content.versions, content.sha256, accelerator)
         inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
         composed = compose_launch_identity(request, inputs, child_env)
-        pending = PendingRecheck(recheck, inputs, clock, recheck_started)
-        if not defer_recheck:
+        if recheck is not None:
+            started = recheck
+            pending = PendingRecheck(lambda: started, inputs, clock)
             pending.wait()
+        else:
+            pending = PendingRecheck(lambda: _niced(start_recheck(argv, child_env)), inputs, clock)
     finally:
         probe.close()
-        if recheck is not None and (pending is None or not defer_recheck):
+        if recheck is not None:
             recheck.close()
     return snapshot, inputs, composed, pending if defer_recheck else None
 
 
+def _niced(child: HelperChild) -> HelperChild:
+    """The deferred recheck yields to vLLM's start-up, which it overlaps (scheduling only)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, child.proc.pid, RECHECK_NICE)
+    return child
+
+
 class PendingRecheck:
-    """A running recheck child and the document it must print; ``wait`` is idempotent."""
+    """The recheck child (started by ``start``) and the document it must print.
+
+    Deferred (gateway mode), the launch calls ``start`` once vLLM is spawned, so the
+    child's imports and digests overlap vLLM's start-up instead of the measurements
+    before spawn.  ``wait`` starts it if nobody did and is idempotent.
+    """
 
     def __init__(
-        self, child: HelperChild, expected: TeacherInput, clock: PhaseClock, started: float
+        self, starter: Callable[[], HelperChild], expected: TeacherInput, clock: PhaseClock
     ) -> None:
-        self._child = child
+        self._starter = starter
+        self._child: HelperChild | None = None
         self._expected = expected
         self._clock = clock
-        self._started = started
+        self._started = 0.0
         self._lock = threading.Lock()
         self._outcome: LauncherError | bool = False
         self._exited_at: float | None = None
-        # The phase ends when the child exits, not when the launcher gets round to reading it.
-        threading.Thread(target=self._watch, name="kiln-recheck-watch", daemon=True).start()
+        self._closed = False
+
+    def start(self) -> None:
+        """Start the child (once); a closed recheck starts nothing."""
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> HelperChild:
+        if self._child is None:
+            if self._closed:
+                raise LauncherError("this launch was already closed", rule="launcher.closed")
+            self._started = time.monotonic()
+            self._child = self._starter()
+            # The phase ends when the child exits, not when the launcher gets round to reading it.
+            threading.Thread(target=self._watch, name="kiln-recheck-watch", daemon=True).start()
+        return self._child
 
     def _watch(self) -> None:
         """Note when the child exits; ``WNOWAIT`` leaves it for ``Popen`` to reap."""
+        assert self._child is not None
         try:
             os.waitid(os.P_PID, self._child.proc.pid, os.WEXITED | os.WNOWAIT)
         except OSError:
@@ -155,15 +212,16 @@ class PendingRecheck:
                 raise self._outcome
             if self._outcome:
                 return True
+            child = self._start_locked()
             try:
-                finish_recheck(self._child, expected=self._expected, interrupted=interrupted)
+                finish_recheck(child, expected=self._expected, interrupted=interrupted)
             except ChildWaitInterrupted:
                 return False
             except LauncherError as exc:
                 self._outcome = exc
-                self._child.close()
+                child.close()
                 raise
-            self._child.close()
+            child.close()
             ended = self._exited_at or time.monotonic()
             self._clock.record("recheck", ended - self._started)
             self._outcome = True
@@ -171,7 +229,9 @@ class PendingRecheck:
 
     def close(self) -> None:
         """Kill the child if it still runs (a launch that ends before it agreed)."""
-        self._child.close()
+        self._closed = True
+        if self._child is not None:
+            self._child.close()
 
 
 def _stage(

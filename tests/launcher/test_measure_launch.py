@@ -59,17 +59,17 @@ def test_pending_recheck_agrees_disagrees_and_is_interruptible(tmp_path: Path) -
     inputs = _inputs(tmp_path)
     want = canonical_json(teacher_input_document(inputs)) + b"\n"
     clock = PhaseClock()
-    agreeing = PendingRecheck(_printing(want), inputs, clock, time.monotonic())
+    agreeing = PendingRecheck(lambda: _printing(want), inputs, clock)
     assert agreeing.wait() is True and agreeing.wait() is True
     assert "recheck" in clock.durations()
 
-    other = PendingRecheck(_printing(want.replace(b'"', b"'", 1)), inputs, clock, 0.0)
+    other = PendingRecheck(lambda: _printing(want.replace(b'"', b"'", 1)), inputs, clock)
     for _ in range(2):  # the refusal is kept
         with pytest.raises(LauncherError) as caught:
             other.wait()
         assert caught.value.rule == "launcher.recheck_mismatch"
 
-    slow = PendingRecheck(_printing(want, delay=30), inputs, clock, 0.0)
+    slow = PendingRecheck(lambda: _printing(want, delay=30), inputs, clock)
     try:
         assert slow.wait(lambda: True) is False  # a signal: the child keeps running
     finally:
