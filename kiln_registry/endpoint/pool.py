@@ -8,8 +8,10 @@ replica whose answer broke a rule is *fenced* for the endpoint's lifetime
 while a killed one stays out of the way.  With no replica left, ``pick``
 returns None and the caller answers 503.
 
-Imports the standard library, ``credentials`` (the resolved endpoint and
-secret handle) only; no sockets.
+Each replica carries its relay client (``probe.wire.TeacherWire``: keep-alive
+HTTP/1.1, the probes' transport rules), made at start and closed by the state's
+``drain``.  Imports the standard library, ``credentials`` (the resolved endpoint
+and secret handle) and ``probe.wire``'s type; opens no socket itself.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from kiln_registry.credentials.resolve import ResolvedTeacher
+from kiln_registry.probe.wire import TeacherWire
 
 REST_S: Final = 10.0
 
@@ -30,6 +33,7 @@ class Replica:
 
     url: str
     resolved: ResolvedTeacher = field(repr=False)
+    wire: TeacherWire | None = field(default=None, repr=False)  # the relay's keep-alive client
     outstanding: int = 0
     fenced: str | None = None  # the rule that fenced it; never cleared
     resting_until: float = 0.0

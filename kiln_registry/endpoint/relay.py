@@ -24,9 +24,11 @@ Anything else is an ``EndpointRefusal``:
   configured secret value; a 401/403 or 5xx becomes 502 (the trainer cannot
   fix it).
 
-The transport is the probes' (``probe.httpx_transport``): the same TLS
+The transport is each replica's keep-alive ``probe.wire.TeacherWire`` (the
+job queue's lean HTTP/1.1 client), under the probes' transport rules: the same TLS
 trust, bearer header read fresh from the secret handle, no redirects, no
-content coding, bounded bodies.  Imports the probe transport and exposure
+content coding, bounded bodies; the probes' ``probe.httpx_transport`` only
+where a replica has no wire.  Imports the probe transport and exposure
 modules, ``credentials.redaction`` and the endpoint's modules.
 """
 
@@ -116,7 +118,7 @@ async def _exchange(
     state: EndpointState, http: httpx.AsyncClient, replica: Replica, admitted: Admitted
 ) -> Exchange | None:
     """One relayed request; None when the replica gave no HTTP answer (it then rests)."""
-    transport = HttpxTransport(http, replica.completions_url)
+    transport = replica.wire or HttpxTransport(http, replica.completions_url)
     replica.outstanding += 1
     started = time.perf_counter()
     try:

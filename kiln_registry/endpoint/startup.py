@@ -31,7 +31,7 @@ import httpx
 
 from kiln_registry.config.access import is_loopback
 from kiln_registry.config.settings import CredentialConfig, KilnConfig
-from kiln_registry.credentials.resolve import resolve_teacher_endpoint
+from kiln_registry.credentials.resolve import ResolvedTeacher, resolve_teacher_endpoint
 from kiln_registry.domain.errors import ConfigError, InputError, KilnError, ProbeFailed
 from kiln_registry.endpoint.admission import Limits, Pin
 from kiln_registry.endpoint.metrics import EndpointMetrics
@@ -41,6 +41,7 @@ from kiln_registry.identity.canonical import canonical_json
 from kiln_registry.identity.document import TeacherIdentity
 from kiln_registry.probe.limiter import ProbeLimiter
 from kiln_registry.probe.transport import teacher_tls_context
+from kiln_registry.probe.wire import TeacherWire
 from kiln_registry.teachers.probing import ProbeSetup, run_probes
 from kiln_registry.wire.teachers import TeacherEntry
 
@@ -174,7 +175,7 @@ async def prove_replicas(
             log.error("replica %s of %s failed its proof: %s", url, entry.spec.alias,
                       exc.one_line())  # fmt: skip
             continue
-        proved.append(Replica(url=url, resolved=resolved))
+        proved.append(Replica(url=url, resolved=resolved, wire=relay_wire(options, resolved)))
     if not proved:
         raise ProbeFailed(
             f"no endpoint of {entry.spec.alias} proved the pinned identity"
@@ -182,6 +183,25 @@ async def prove_replicas(
             rule="endpoint.no_replica_proved",
         )
     return proved
+
+
+RELAY_MAX_IDLE = 64  # kept-alive connections per replica, as the probes' httpx pool keeps
+
+
+def relay_wire(options: EndpointOptions, resolved: ResolvedTeacher) -> TeacherWire:
+    """The relay's keep-alive client to one proved replica: the registry's teacher TLS trust.
+
+    The lean HTTP/1.1 client the job queue scores with (``probe.wire``): the same request,
+    head and body rules as the probes' httpx transport at a fraction of its CPU per
+    request; a deadline after the head reads as ``probe.timeout`` (504), as httpx's does.
+    """
+    ca_file = options.config.server.teacher_ca_file if options.config else None
+    return TeacherWire(
+        resolved.endpoint.completions_url,
+        tls=teacher_tls_context(ca_file),
+        max_idle=RELAY_MAX_IDLE,
+        report_timeouts=True,
+    )
 
 
 async def build_state(

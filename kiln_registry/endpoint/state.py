@@ -131,6 +131,9 @@ class EndpointState:
                 log.exception("re-reading %s from the registry failed", self.alias)
 
     async def drain(self) -> None:
-        """Wait for the background re-probes (at shutdown)."""
+        """Wait for the background re-probes and close the relay clients (at shutdown)."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        for replica in self.pool.replicas:
+            if replica.wire is not None:
+                await replica.wire.aclose()

@@ -115,8 +115,14 @@ class _Connection:
 class TeacherWire(TeacherTransport):
     """Keep-alive POSTs to one teacher URL; ``async with`` closes the idle connections."""
 
-    def __init__(self, url: str, *, tls: ssl.SSLContext | None, max_idle: int) -> None:
+    def __init__(
+        self, url: str, *, tls: ssl.SSLContext | None, max_idle: int, report_timeouts: bool = False
+    ) -> None:
         self._url = url
+        # False (the job queue): the overall deadline always reads as probe.unreachable.
+        # True (the teacher endpoint): once a head arrived it reads as probe.timeout, as
+        # the httpx transport reports it.
+        self._report_timeouts = report_timeouts
         self._origin = _origin(url)
         if self._origin.scheme == "https" and tls is None:
             raise ValueError("an https teacher needs a TLS context")
@@ -148,22 +154,28 @@ class TeacherWire(TeacherTransport):
     async def send(self, request: Request) -> tuple[int, bytes]:
         """POST on a pooled or fresh connection (``TeacherTransport.send``).
 
-        ``request.got_head`` stays unset: the deadline reads as probe.unreachable.
+        ``request.got_head`` is set once a head arrived only with ``report_timeouts``;
+        otherwise the deadline reads as probe.unreachable.
         """
         head = [*request.headers.items(), ("content-length", str(len(request.content)))]
-        return await self._post(request.content, head, request.limit)
+        marked = request if self._report_timeouts else None
+        return await self._post(request.content, head, request.limit, marked)
 
     async def _post(
-        self, content: bytes, head: Sequence[tuple[str, str]], limit: int
+        self,
+        content: bytes,
+        head: Sequence[tuple[str, str]],
+        limit: int,
+        marked: Request | None,
     ) -> tuple[int, bytes]:
         while self._idle:
             conn = self._idle.pop()
             try:
-                return await self._round_trip(conn, content, head, limit, reused=True)
+                return await self._round_trip(conn, content, head, limit, marked, reused=True)
             except _NoAnswer:
                 continue  # a kept-alive connection the teacher had closed: try the next
         conn = await self._connect()
-        return await self._round_trip(conn, content, head, limit, reused=False)
+        return await self._round_trip(conn, content, head, limit, marked, reused=False)
 
     async def _connect(self) -> _Connection:
         origin = self._origin
@@ -200,6 +212,7 @@ class TeacherWire(TeacherTransport):
         content: bytes,
         head: Sequence[tuple[str, str]],
         limit: int,
+        marked: Request | None,
         *,
         reused: bool,
     ) -> tuple[int, bytes]:
@@ -215,6 +228,8 @@ class TeacherWire(TeacherTransport):
                     raise _NoAnswer from None
                 raise
             got_head = True
+            if marked is not None:
+                marked.got_head = True
             status = response.status_code
             check_head(
                 status,

@@ -221,6 +221,24 @@ def test_a_silent_teacher_times_out() -> None:
         assert refused(srv.url(), timeout_s=0.5).rule == "probe.unreachable"  # no complete head
 
 
+def test_a_stall_after_the_head_is_a_timeout_only_where_the_caller_asks() -> None:
+    """The teacher endpoint's wire reports a stall mid-body as probe.timeout (its 504), as
+    the httpx transport does; the job queue's keeps reading it as probe.unreachable."""
+    stalled = ok(b"z" * 1000)[:-500]
+
+    async def go(report: bool) -> ProbeFailed:
+        async with TeacherWire(srv.url(), tls=None, max_idle=1, report_timeouts=report) as wire:
+            with pytest.raises(ProbeFailed) as info:
+                await post(wire, timeout_s=0.5)
+        return info.value
+
+    with serving(lambda c, r, req: Answer(stalled, then="hang")) as srv:
+        assert asyncio.run(go(True)).rule == "probe.timeout"
+        assert asyncio.run(go(False)).rule == "probe.unreachable"
+    with serving(lambda c, r, req: Answer(b"HTTP/1.1 200 OK\r\n", then="hang")) as srv:
+        assert asyncio.run(go(True)).rule == "probe.unreachable"  # no complete head yet
+
+
 def test_https_is_verified_against_the_given_authority(tmp_path: Path) -> None:
     ca = trustme.CA()
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
