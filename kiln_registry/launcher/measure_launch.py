@@ -111,8 +111,9 @@ def stage_and_measure(
 ) -> tuple[StagedSnapshot, TeacherInput, ComposedIdentity, PendingRecheck | None]:
     """Stage ``paths`` (model, snapshot root, cache root) and measure the whole contract.
 
-    With ``defer_recheck`` the recheck child is still running on return: the
-    caller owns the ``PendingRecheck`` and must ``wait()`` before serving.
+    With ``defer_recheck`` the recheck child has not started on return: the caller
+    owns the ``PendingRecheck``, ``start()``s it once vLLM is spawned and must
+    ``wait()`` before serving.
     """
     probe = IdentityProbe(child_env, python=python)
     recheck: HelperChild | None = None
@@ -186,8 +187,8 @@ class PendingRecheck:
         if self._child is None:
             if self._closed:
                 raise LauncherError("this launch was already closed", rule="launcher.closed")
-            self._started = time.monotonic()
             self._child = self._starter()
+            self._started = self._child.started  # the phase runs from the child's start
             # The phase ends when the child exits, not when the launcher gets round to reading it.
             threading.Thread(target=self._watch, name="kiln-recheck-watch", daemon=True).start()
         return self._child
