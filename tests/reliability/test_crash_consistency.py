@@ -247,10 +247,17 @@ def _migration_state(database: Path) -> str:
 
 
 def _write_transaction_started(directory: Path) -> bool:
-    return any(
-        p.name.endswith(("-journal", "-wal")) and p.stat().st_size > 0
-        for p in directory.glob("registry.db-*")
-    )
+    """A non-empty rollback journal or WAL beside the database (either may vanish between
+    the listing and the stat: SQLite deletes the journal when a transaction commits)."""
+    for path in directory.glob("registry.db-*"):
+        if not path.name.endswith(("-journal", "-wal")):
+            continue
+        try:
+            if path.stat().st_size > 0:
+                return True
+        except FileNotFoundError:
+            continue
+    return False
 
 
 def _legacy_setup(directory: Path, student: Path) -> Path:
