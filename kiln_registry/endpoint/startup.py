@@ -163,6 +163,8 @@ async def prove_replicas(
         timeout_s=options.probe_timeout_s,
         secret_names=options.config.secret_env_names() if options.config else frozenset(),
     )
+    ca_file = options.config.server.teacher_ca_file if options.config else None
+    tls = teacher_tls_context(ca_file)  # one context for every replica's relay client
     proved: list[Replica] = []
     for url in urls:
         try:
@@ -175,7 +177,7 @@ async def prove_replicas(
             log.error("replica %s of %s failed its proof: %s", url, entry.spec.alias,
                       exc.one_line())  # fmt: skip
             continue
-        proved.append(Replica(url=url, resolved=resolved, wire=relay_wire(options, resolved)))
+        proved.append(Replica(url=url, resolved=resolved, wire=relay_wire(resolved, tls)))
     if not proved:
         raise ProbeFailed(
             f"no endpoint of {entry.spec.alias} proved the pinned identity"
@@ -188,17 +190,16 @@ async def prove_replicas(
 RELAY_MAX_IDLE = 64  # kept-alive connections per replica, as the probes' httpx pool keeps
 
 
-def relay_wire(options: EndpointOptions, resolved: ResolvedTeacher) -> TeacherWire:
+def relay_wire(resolved: ResolvedTeacher, tls: ssl.SSLContext) -> TeacherWire:
     """The relay's keep-alive client to one proved replica: the registry's teacher TLS trust.
 
     The lean HTTP/1.1 client the job queue scores with (``probe.wire``): the same request,
     head and body rules as the probes' httpx transport at a fraction of its CPU per
     request; a deadline after the head reads as ``probe.timeout`` (504), as httpx's does.
     """
-    ca_file = options.config.server.teacher_ca_file if options.config else None
     return TeacherWire(
         resolved.endpoint.completions_url,
-        tls=teacher_tls_context(ca_file),
+        tls=tls,
         max_idle=RELAY_MAX_IDLE,
         report_timeouts=True,
     )

@@ -76,23 +76,22 @@ RUNTIME_NICE = 10
 RECHECK_NICE = 10
 
 
-def _yield_to_probe() -> None:
-    """Lower this thread's priority (Linux: per thread; its hashing workers inherit it).
+def _lower_priority(target: int, nice: int) -> None:
+    """Raise the nice value of ``target`` (a thread id on Linux, or a process id).
 
-    On a machine with few cores the identity probe child (the torch and Transformers
-    imports: the critical path before spawn) then takes a core ahead of the digest's
-    threads instead of sharing it.  Scheduling only: nothing measured changes, and no
-    child process is ever started from this thread.  Best effort: an OS that refuses
-    leaves the priority as it was.
+    Scheduling only: nothing measured changes.  On a machine with few cores the work
+    on the critical path (the identity probe child before spawn, vLLM after it) then
+    takes a core ahead of work that can wait.  Best effort: an OS that refuses (or a
+    child that already exited) leaves the priority as it was.
     """
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RUNTIME_NICE)
-    except (AttributeError, OSError):
-        return
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, target, nice)
 
 
 def _timed_runtime(clock: PhaseClock, limiter: ReadRateLimiter, python: str) -> RuntimeContent:
-    _yield_to_probe()
+    # Linux: per thread, and the digest's hashing workers inherit it; no child process is
+    # ever started from this thread.
+    _lower_priority(threading.get_native_id(), RUNTIME_NICE)
     with clock.phase("runtime_digest"):
         return runtime_content(limiter=limiter, python_executable=python)
 
@@ -151,9 +150,8 @@ def stage_and_measure(
 
 
 def _niced(child: HelperChild) -> HelperChild:
-    """The deferred recheck yields to vLLM's start-up, which it overlaps (scheduling only)."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, child.proc.pid, RECHECK_NICE)
+    """The deferred recheck yields to vLLM's start-up, which it overlaps."""
+    _lower_priority(child.proc.pid, RECHECK_NICE)
     return child
 
 
