@@ -1,36 +1,50 @@
-"""The identity probe: accelerator and Transformers tokenizer view, in one child.
+"""The identity probe: accelerator and Transformers tokenizer view, in two children.
 
 Torch and Transformers are never imported into the launcher (or a registry
-server that drives it): the accelerator (``launcher.accelerator``) and the
-tokenizer digests through Transformers (``model.tokenizer.tokenizer_digests``
-with ``use_transformers=True``, the view vLLM uses, cross-checked against the
-``tokenizers`` view) are measured by one child,
-``python -m kiln_registry.launcher.identity_probe``, started exactly like
-vLLM under the exact child environment.  It starts before the snapshot is
-staged, so its imports overlap the staging and the runtime digest:
+server that drives it).  ``IdentityProbe`` starts two children, both exactly
+like vLLM (the given interpreter, the exact child environment), before the
+snapshot is staged, so their imports overlap each other, the staging and the
+runtime digest:
 
-1. it measures the accelerator (importing torch) and prints it as one line
-   of canonical JSON;
-2. it imports Transformers, then reads one JSON request from stdin,
-   ``{"model_dir": DIR, "model_width": N}`` (the staged model), and prints
-   ``{"config_sha256", "vocab_sha256"}`` as a second line.  An empty stdin
-   ends it with status 0 (the launch failed before it needed the tokenizer).
+1. the accelerator child, ``python -m kiln_registry.launcher.accelerator``
+   (it imports torch), prints the accelerator identity as one line of
+   canonical JSON;
+2. the tokenizer child, ``python -m kiln_registry.launcher.identity_probe``,
+   imports Transformers' tokenizer classes with torch hidden (see below),
+   then reads one JSON request from stdin, ``{"model_dir": DIR,
+   "model_width": N}`` (the staged model), and prints ``{"config_sha256",
+   "entries", "vocab_sha256"}`` (``model.tokenizer.tokenizer_digests`` with
+   ``use_transformers=True``, the view vLLM uses, cross-checked against the
+   ``tokenizers`` view).  An empty stdin ends it with status 0 (the launch
+   failed before it needed the tokenizer).
 
-Errors: the child prints one line on stderr and exits 2; the parent raises
+**Torch hidden in the tokenizer child.**  Transformers imports torch (and
+much of torch's compiler stack) whenever torch is installed, though its
+tokenizer classes never use it: about 3.5 of the 5 CPU-seconds the child
+took on the 2-core machines (issue 31).  The child marks ``torch`` as absent
+(``sys.modules["torch"] = None``, which ``importlib.util.find_spec`` reports
+as not installed) before it imports Transformers, and drops Transformers'
+one advisory line about it.  The environment is untouched.  The view is
+still the one vLLM gets with torch present: the recheck child re-measures
+the whole contract, the tokenizer through Transformers *with* torch, and the
+launch serves nothing until the two agree byte for byte (a tokenizer whose
+view depended on torch fails the launch with ``launcher.recheck_mismatch``).
+
+Errors: a child prints one line on stderr and exits 2; the parent raises
 ``LauncherError`` (``launcher.child``) or, for output of the wrong shape,
-``launcher.probe_output``.  The values are the ones the launcher computed
-in-process before (same functions, same inputs).
+``launcher.probe_output``.
 
 Imports: standard library, ``kiln_registry.domain.errors``,
 ``kiln_registry.identity``, ``kiln_registry.model.tokenizer`` and the
-launcher's ``accelerator`` / ``children``; torch and Transformers only in the
-child's ``main``.  Nothing happens at import time.
+launcher's ``accelerator`` / ``children``; Transformers only in the
+tokenizer child's ``main``.  Nothing happens at import time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import time
 from collections.abc import Mapping
@@ -38,31 +52,40 @@ from collections.abc import Mapping
 from kiln_registry.domain.errors import KilnError, LauncherError
 from kiln_registry.identity.canonical import canonical_json, strict_json_loads
 from kiln_registry.identity.input_manifest import MAX_INPUT_BYTES, Accelerator, parse_accelerator
-from kiln_registry.launcher.accelerator import accelerator_identity
+from kiln_registry.launcher import accelerator as accelerator_module
 from kiln_registry.launcher.children import HelperChild
 from kiln_registry.model.tokenizer import TokenizerDigests, tokenizer_digests
 
 PROBE_MODULE = "kiln_registry.launcher.identity_probe"
 PROBE_TIMEOUT_SECONDS = 300.0
+TORCH_ABSENT_NOTE = "PyTorch was not found."
 _HEX64 = frozenset("0123456789abcdef")
 
 
 class IdentityProbe:
-    """The running probe child (parent side); ``close()`` always."""
+    """The two running probe children (parent side); ``close()`` always."""
 
     def __init__(self, env: Mapping[str, str], *, python: str) -> None:
-        self.child = HelperChild(
-            [python, "-m", PROBE_MODULE], env, what="identity probe", stdin=True
+        self.accelerator_child = HelperChild(
+            [python, "-m", accelerator_module.__name__], env, what="accelerator probe"
         )
+        try:
+            self.child = HelperChild(
+                [python, "-m", PROBE_MODULE], env, what="tokenizer probe", stdin=True
+            )
+        except BaseException:
+            self.accelerator_child.close()
+            raise
         self.accelerator_s: float | None = None
         self._accelerator: Accelerator | None = None
         self.tokenizer_s: float | None = None
 
     def accelerator(self) -> Accelerator:
-        """The first line: the accelerator identity (read once, then kept)."""
+        """The accelerator child's line (read once, then kept)."""
         if self._accelerator is None:
-            line = self.child.read_line(self.child.started + PROBE_TIMEOUT_SECONDS)
-            self.accelerator_s = time.monotonic() - self.child.started
+            child = self.accelerator_child
+            line = child.finish(child.started + PROBE_TIMEOUT_SECONDS)
+            self.accelerator_s = time.monotonic() - child.started
             value = strict_json_loads(
                 line, what="accelerator probe output", max_bytes=MAX_INPUT_BYTES
             )
@@ -70,10 +93,9 @@ class IdentityProbe:
         return self._accelerator
 
     def tokenizer(self, model_dir: str, model_width: int) -> TokenizerDigests:
-        """Ask for the tokenizer digests of ``model_dir``; the second line answers."""
+        """Ask the tokenizer child for the digests of ``model_dir``; its line answers."""
         request = {"model_dir": model_dir, "model_width": model_width}
         self.child.send(json.dumps(request).encode() + b"\n")
-        self.accelerator()
         deadline = time.monotonic() + PROBE_TIMEOUT_SECONDS
         value = strict_json_loads(
             self.child.finish(deadline), what="tokenizer probe output", max_bytes=MAX_INPUT_BYTES
@@ -82,7 +104,10 @@ class IdentityProbe:
         return _digests(value)
 
     def close(self) -> None:
-        self.child.close()
+        try:
+            self.child.close()
+        finally:
+            self.accelerator_child.close()
 
 
 def _malformed(what: str) -> LauncherError:
@@ -112,6 +137,19 @@ def _request(line: bytes) -> tuple[str, int]:
     return model_dir, width
 
 
+class _TorchAbsentNote(logging.Filter):
+    """Drops Transformers' advisory that torch is absent (the child hid it on purpose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(TORCH_ABSENT_NOTE)
+
+
+def _hide_torch() -> None:
+    """Make Transformers see no torch in this child (see the module docstring)."""
+    sys.modules["torch"] = None  # type: ignore[assignment]  # find_spec: not installed
+    logging.getLogger("transformers").addFilter(_TorchAbsentNote())
+
+
 def _preload_transformers() -> None:
     """Import Transformers' tokenizer classes now, while the parent stages the snapshot."""
     # A missing or broken install is reported by tokenizer_digests, with its hint.
@@ -120,11 +158,9 @@ def _preload_transformers() -> None:
 
 
 def main() -> int:
-    """The child: accelerator line, then (on request) the tokenizer line."""
+    """The tokenizer child: on request, the tokenizer digests line."""
     try:
-        found = accelerator_identity()
-        sys.stdout.buffer.write(canonical_json(found.to_dict()) + b"\n")
-        sys.stdout.buffer.flush()
+        _hide_torch()
         _preload_transformers()
         line = sys.stdin.buffer.readline(MAX_INPUT_BYTES + 1)
         if not line.strip():

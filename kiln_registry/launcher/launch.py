@@ -171,7 +171,7 @@ class PreparedLaunch:
         if self.recheck is not None:
             try:
                 self.recheck.start()  # overlaps vLLM's start-up; the gateway waits for it
-            except LauncherError:
+            except BaseException:  # any failure here (a bug, a signal) drains vLLM
                 launched.stop()
                 raise
         return launched

@@ -3,14 +3,17 @@
 Owns ``stage_and_measure``: what ``launch.prepare_launch`` does between its
 checks and the vLLM argv.  The phases and what each waits for:
 
-* the identity probe child (``launcher.identity_probe``: accelerator, then
-  the Transformers tokenizer view) starts first and imports torch and
-  Transformers while the rest runs;
+* the two identity probe children (``launcher.identity_probe``: the
+  accelerator, which imports torch, and the Transformers tokenizer view,
+  which imports Transformers with torch hidden) start first and import while
+  the rest runs;
 * the runtime-content digest runs on a thread of this process from the
-  start (file reads and hashing; nothing is imported);
+  start (file reads and hashing; nothing is imported), reusing the digest
+  of an earlier launch when no file it covers changed
+  (``launcher.runtime_memo``; the recheck always hashes);
 * the snapshot is staged on this thread (copy while hashing, seal, verify);
 * once it is staged, the staged model digests are read from the manifest and
-  the tokenizer digests asked of the probe child;
+  the tokenizer digests asked of the tokenizer child;
 * the identity is composed from this process's measurements, then a fresh
   recheck child (it re-measures the whole contract from scratch, under the
   exact child environment) must print the same document byte for byte:
@@ -21,10 +24,11 @@ checks and the vLLM argv.  The phases and what each waits for:
   only on its private socket (``PendingRecheck``).  Either way nothing is
   served until the recheck agrees; a disagreement drains vLLM and fails the
   launch.
-* On a machine with few cores the work before spawn is scheduled so the
-  critical path goes first: the runtime digest's threads run at a lower
-  priority than the probe child, and the deferred recheck at a lower
-  priority than vLLM.  Scheduling only: nothing measured depends on it.
+* On a machine with few cores the deferred recheck runs at a lower priority
+  than vLLM, so vLLM's start-up, the critical path after spawn, keeps the
+  cores.  Before spawn the probes and the runtime digest share them evenly:
+  each is about as long as the others.  Scheduling only: nothing measured
+  depends on it.
 
 Nothing measured changes: the same functions run over the same inputs, in
 other processes or threads, so the identity and fingerprint are the ones a
@@ -45,6 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 from kiln_registry.domain.errors import LauncherError
 from kiln_registry.identity.compose import ComposedIdentity
@@ -56,7 +61,9 @@ from kiln_registry.launcher.fsops import Progress
 from kiln_registry.launcher.identity_probe import IdentityProbe
 from kiln_registry.launcher.phases import PhaseClock
 from kiln_registry.launcher.policy import LauncherRequest
+from kiln_registry.launcher.roots import secure_private_root
 from kiln_registry.launcher.runtime import RuntimeContent, runtime_content
+from kiln_registry.launcher.runtime_memo import RuntimeMemo
 from kiln_registry.launcher.staging import StagedSnapshot, stage_snapshot
 from kiln_registry.launcher.teacher_input import (
     RuntimePart,
@@ -72,28 +79,35 @@ from kiln_registry.launcher.vllm_command import (
     vllm_server_argv,
 )
 
-RUNTIME_NICE = 10
 RECHECK_NICE = 10
+MISMATCH = "launcher.recheck_mismatch"
 
 
-def _lower_priority(target: int, nice: int) -> None:
-    """Raise the nice value of ``target`` (a thread id on Linux, or a process id).
+def _lower_priority(pid: int, nice: int) -> None:
+    """Raise the nice value of process ``pid``.
 
     Scheduling only: nothing measured changes.  On a machine with few cores the work
-    on the critical path (the identity probe child before spawn, vLLM after it) then
-    takes a core ahead of work that can wait.  Best effort: an OS that refuses (or a
-    child that already exited) leaves the priority as it was.
+    on the critical path (vLLM's start-up) then takes a core ahead of work that can
+    wait.  Best effort: an OS that refuses (or a child that already exited) leaves
+    the priority as it was.
     """
     with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, target, nice)
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
-def _timed_runtime(clock: PhaseClock, limiter: ReadRateLimiter, python: str) -> RuntimeContent:
-    # Linux: per thread, and the digest's hashing workers inherit it; no child process is
-    # ever started from this thread.
-    _lower_priority(threading.get_native_id(), RUNTIME_NICE)
+def _timed_runtime(
+    clock: PhaseClock, limiter: ReadRateLimiter, python: str, cache_root: str
+) -> RuntimeContent:
+    """The runtime digest, reusing an earlier launch's for unchanged files (the recheck
+    hashes them all again, and must agree before anything is served)."""
     with clock.phase("runtime_digest"):
-        return runtime_content(limiter=limiter, python_executable=python)
+        root_fd = secure_private_root(cache_root, what="cache root", create=False)
+        try:
+            return runtime_content(
+                limiter=limiter, python_executable=python, memo=RuntimeMemo(root_fd)
+            )
+        finally:
+            os.close(root_fd)
 
 
 def stage_and_measure(
@@ -119,7 +133,7 @@ def stage_and_measure(
     pending: PendingRecheck | None = None
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-runtime") as pool:
-            runtime_job = pool.submit(_timed_runtime, clock, limiter, python)
+            runtime_job = pool.submit(_timed_runtime, clock, limiter, python, paths[2])
             try:
                 snapshot = _stage(request, paths, limiter, progress, clock)
                 created.append(snapshot)
@@ -136,12 +150,14 @@ def stage_and_measure(
         runtime = RuntimePart(content.versions, content.sha256, accelerator)
         inputs = teacher_input(model, runtime, served_model_id=request.served_model_id)
         composed = compose_launch_identity(request, inputs, child_env)
+        forget = partial(_forget_memo, paths[2])
         if recheck is not None:
             started = recheck
-            pending = PendingRecheck(lambda: started, inputs, clock)
+            pending = PendingRecheck(lambda: started, inputs, clock, forget)
             pending.wait()
         else:
-            pending = PendingRecheck(lambda: _niced(start_recheck(argv, child_env)), inputs, clock)
+            starter = partial(_niced_recheck, argv, child_env)
+            pending = PendingRecheck(starter, inputs, clock, forget)
     finally:
         probe.close()
         if recheck is not None:
@@ -149,8 +165,19 @@ def stage_and_measure(
     return snapshot, inputs, composed, pending if defer_recheck else None
 
 
-def _niced(child: HelperChild) -> HelperChild:
-    """The deferred recheck yields to vLLM's start-up, which it overlaps."""
+def _forget_memo(cache_root: str) -> None:
+    """The recheck disagreed, perhaps over a stale memo entry: the next launch hashes all."""
+    with contextlib.suppress(OSError, LauncherError):
+        root_fd = secure_private_root(cache_root, what="cache root", create=False)
+        try:
+            RuntimeMemo(root_fd).forget()
+        finally:
+            os.close(root_fd)
+
+
+def _niced_recheck(argv: list[str], child_env: Mapping[str, str]) -> HelperChild:
+    """The deferred recheck, yielding to vLLM's start-up, which it overlaps."""
+    child = start_recheck(argv, child_env)
     _lower_priority(child.proc.pid, RECHECK_NICE)
     return child
 
@@ -164,9 +191,14 @@ class PendingRecheck:
     """
 
     def __init__(
-        self, starter: Callable[[], HelperChild], expected: TeacherInput, clock: PhaseClock
+        self,
+        starter: Callable[[], HelperChild],
+        expected: TeacherInput,
+        clock: PhaseClock,
+        on_mismatch: Callable[[], None] | None = None,
     ) -> None:
         self._starter = starter
+        self._on_mismatch = on_mismatch
         self._child: HelperChild | None = None
         self._expected = expected
         self._clock = clock
@@ -219,6 +251,8 @@ class PendingRecheck:
             except LauncherError as exc:
                 self._outcome = exc
                 child.close()
+                if exc.rule == MISMATCH and self._on_mismatch is not None:
+                    self._on_mismatch()
                 raise
             child.close()
             ended = self._exited_at or time.monotonic()

@@ -34,6 +34,7 @@ from kiln_registry.identity.digests import (
     runtime_content_sha256,
 )
 from kiln_registry.identity.hashing import ReadRateLimiter, hash_files
+from kiln_registry.launcher.runtime_memo import MemoEntry, RuntimeMemo, signature
 from kiln_registry.launcher.runtime_record import record_names
 
 RUNTIME_PACKAGES: tuple[str, ...] = ("vllm", "torch", "transformers", "tokenizers")
@@ -105,6 +106,10 @@ class _Inventory:
     label_bytes: int = 0
     _parents: dict[str, str] = field(default_factory=dict)
     _seen: dict[str, os.stat_result] = field(default_factory=dict)
+
+    def signature(self) -> str:
+        """The memo key of this inventory (``launcher.runtime_memo.signature``)."""
+        return signature(self.files.items(), self.directories.items(), self._seen)
 
     def _label(self, label: str, depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -355,37 +360,62 @@ def runtime_content(
     workers: int | None = None,
     packages: Sequence[str] = RUNTIME_PACKAGES,
     python_executable: str | os.PathLike[str] | None = None,
+    memo: RuntimeMemo | None = None,
 ) -> RuntimeContent:
-    """The runtime-content digest of this interpreter and ``packages``."""
+    """The runtime-content digest of this interpreter and ``packages``.
+
+    With ``memo`` (the launcher before spawn only; never the recheck), a digest an
+    earlier launch computed for exactly this inventory and file metadata is reused
+    instead of hashing (``launcher.runtime_memo``); the inventory is still taken twice.
+    """
     executable = os.fspath(python_executable or sys.executable)
     first = _collect(executable, packages)
-    unique = sorted(first.sizes)
-    try:
-        records = hash_files(
-            unique,
-            limiter=limiter,
-            workers=workers,
-            expected_lengths=[first.sizes[p] for p in unique],
-        )
-    except IdentityError as exc:
-        raise LauncherError(
-            f"runtime content could not be hashed: {exc.message}", rule=exc.rule
-        ) from None
+    key = None if memo is None else first.signature()
+    remembered = None if memo is None or key is None else memo.find(key)
+    if remembered is None:
+        labelled = _hashed(first, limiter, workers)
     again = _collect(executable, packages)
     if (again.files, again.directories, again.sizes) != (
         first.files,
         first.directories,
         first.sizes,
-    ):
+    ) or (key is not None and again.signature() != key):
         raise LauncherError(
             "the installed runtime changed while it was hashed", rule="runtime_content.changed"
         )
-    by_path = dict(zip(unique, records, strict=True))
-    labelled = [LabelledFile(label, by_path[p]) for label, p in first.files.items()]
-    return RuntimeContent(
+    versions = runtime_versions(packages)
+    if remembered is not None:
+        return RuntimeContent(
+            remembered.sha256,
+            remembered.files,
+            remembered.directories,
+            remembered.bytes,
+            versions,
+        )
+    content = RuntimeContent(
         sha256=runtime_content_sha256(list(first.directories), labelled),
         files=len(labelled),
         directories=len(first.directories),
         bytes=first.total_bytes,
-        versions=runtime_versions(packages),
+        versions=versions,
     )
+    if memo is not None and key is not None:
+        memo.keep(MemoEntry(key, content.sha256, content.files, content.directories, content.bytes))
+    return content
+
+
+def _hashed(inv: _Inventory, limiter: ReadRateLimiter, workers: int | None) -> list[LabelledFile]:
+    unique = sorted(inv.sizes)
+    try:
+        records = hash_files(
+            unique,
+            limiter=limiter,
+            workers=workers,
+            expected_lengths=[inv.sizes[p] for p in unique],
+        )
+    except IdentityError as exc:
+        raise LauncherError(
+            f"runtime content could not be hashed: {exc.message}", rule=exc.rule
+        ) from None
+    by_path = dict(zip(unique, records, strict=True))
+    return [LabelledFile(label, by_path[p]) for label, p in inv.files.items()]

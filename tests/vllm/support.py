@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import httpx
 
+from kiln_registry.launcher.runtime_memo import MEMO_NAME
 from kiln_registry.launcher.supervisor import group_members
 from tests.helpers import free_port
 
@@ -114,7 +115,8 @@ class Launched:
     def leftovers(self) -> list[str]:
         """Snapshots, caches and live processes of the vLLM groups still present."""
         found = [p.name for p in self.snapshots.iterdir()]
-        found += [p.name for p in self.caches.iterdir() if p.name != "attempts.jsonl"]
+        kept = ("attempts.jsonl", MEMO_NAME)  # the attempts log and the runtime memo stay
+        found += [p.name for p in self.caches.iterdir() if p.name not in kept]
         leaders = [self.proc.pid, *self.vllm_pids()]  # the launcher's group and vLLM's
         found += [f"pid {pid}" for leader in leaders for pid in group_members(leader)]
         return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import signal
 import time
@@ -18,7 +19,10 @@ import httpx
 import pytest
 
 from kiln_registry.identity.fingerprint import verify_fingerprint
+from kiln_registry.identity.hashing import ReadRateLimiter
 from kiln_registry.launcher.launch import base_model_name
+from kiln_registry.launcher.runtime import runtime_content
+from kiln_registry.launcher.runtime_memo import MEMO_NAME, RuntimeMemo
 from kiln_registry.parity.run import ParityOptions, ParityTarget, parity
 from kiln_registry.testing.tiny_models import TinyModel
 from tests.vllm.conftest import LOCAL_PROFILE, LOCAL_SERVED
@@ -28,12 +32,14 @@ from tests.vllm.support import (
     Launched,
     Registry,
     launch,
+    private_dir,
     start_launch,
     start_stock_vllm,
     stop,
     tail,
 )
 
+KEPT = ("attempts.jsonl", MEMO_NAME)  # what a launch leaves in its cache root, by design
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
@@ -79,7 +85,7 @@ def test_local_teacher_registers_through_the_server(registry: Registry) -> None:
         assert len(os.listdir(snapshots)) == 1
         assert http.delete("/v1/teachers/local-tiny").status_code == 200
     assert os.listdir(snapshots) == []
-    assert [name for name in os.listdir(caches) if name != "attempts.jsonl"] == []
+    assert [name for name in os.listdir(caches) if name not in KEPT] == []
 
 
 def test_stock_vllm_is_refused(tiny_model: TinyModel, registry: Registry, tmp_path: Path) -> None:
@@ -148,4 +154,40 @@ def test_sigint_while_launching_leaves_nothing(tiny_model: TinyModel, tmp_path: 
     finally:
         status = stop(teacher.proc, signal.SIGINT)
     assert status == 128 + signal.SIGINT, tail(teacher.log)
+    assert teacher.leftovers() == []
+
+
+def test_a_forged_runtime_memo_fails_the_launch_before_anything_is_served(
+    tiny_model: TinyModel, tmp_path: Path
+) -> None:
+    """The memo only shortens the measurement before spawn: the recheck child hashes the
+    runtime again, disagrees with a forged digest, and the launch exits 2 with vLLM
+    drained, having answered nothing on its port; the memo is removed."""
+    caches = private_dir(tmp_path / "caches")
+    fd = os.open(caches, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        runtime_content(limiter=ReadRateLimiter(None), memo=RuntimeMemo(fd))
+    finally:
+        os.close(fd)
+    memo = json.loads((caches / MEMO_NAME).read_bytes())
+    memo["entries"][0]["sha256"] = "0" * 64  # this runtime's signature, another digest
+    (caches / MEMO_NAME).write_text(json.dumps(memo))
+
+    teacher = start_launch(tmp_path, tiny_model.path)
+    answered: list[int] = []
+    try:
+        deadline = time.monotonic() + READY_S
+        while teacher.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                got = httpx.get(teacher.url + "/health", timeout=2, trust_env=False)
+                answered.append(got.status_code)
+            time.sleep(0.25)
+    finally:
+        status = stop(teacher.proc, signal.SIGTERM)
+    assert status == 2, tail(teacher.log)
+    assert answered == [], answered
+    assert "launcher.recheck_mismatch" in teacher.log.read_text(), tail(teacher.log)
+    spawned = [json.loads(line) for line in (caches / "attempts.jsonl").read_text().splitlines()]
+    assert spawned and spawned[-1]["pid"], spawned  # vLLM had been spawned, and was drained
+    assert not (caches / MEMO_NAME).exists()
     assert teacher.leftovers() == []
