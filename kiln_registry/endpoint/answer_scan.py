@@ -1,10 +1,11 @@
 """The cheap path of the answer check: every rows array scanned over the raw bytes.
 
 ``scan_envelope`` finds each choice's ``"prompt_logprobs":[`` array in document order and
-checks it with ``probe.candidate_scan.scan_rows_array`` (vectorized numpy over the bytes:
-no Python object per row or candidate; ``probe.parse.parse_rows``'s rules, exact numbers,
-no repeated id in a row).  The arrays are then cut out and each replaced by one float
-literal (``CUT_TEXT``), and the small rest, the envelope, is parsed by the strict parser,
+checks it with ``probe.candidate_scan.check_rows_array`` (vectorized numpy over the
+bytes: no Python object per row or candidate; ``probe.parse.parse_rows``'s rules, each
+logprob checked but not converted, no repeated id in a row).  The arrays are then cut
+out and each replaced by one float literal (``CUT_TEXT``), and the small rest, the
+envelope, is parsed by the strict parser,
 whose float hook turns the i-th literal into the i-th ``ScannedRows`` marker.  The answer
 check then walks the envelope as it walks a whole answer, and ``rows_at_marker`` accepts a
 choice's rows only where they are a marker, used once, scanned for exactly that choice's
@@ -26,7 +27,7 @@ from typing import Final
 
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.endpoint.admission import Admitted, Pin
-from kiln_registry.probe.candidate_scan import FastPathDeferred, scan_rows_array
+from kiln_registry.probe.candidate_scan import FastPathDeferred, check_rows_array
 from kiln_registry.probe.parse import strict_loads
 
 ARRAY_KEY: Final = b'"prompt_logprobs":['
@@ -70,7 +71,7 @@ def scan_envelope(body: bytes, admitted: Admitted, pin: Pin) -> Scanned:
             raise FastPathDeferred
         start = at + len(ARRAY_KEY) - 1
         prompt_len = lengths[index // admitted.n]
-        _, end = scan_rows_array(body, start, prompt_len, k, pin.vocab_size, pin.max_candidates)
+        end = check_rows_array(body, start, prompt_len, k, pin.vocab_size, pin.max_candidates)
         pieces += [body[pos:start], CUT_TEXT.encode()]
         markers.append(ScannedRows(prompt_len))
         spans.append((start, end))

@@ -8,8 +8,8 @@ and checks each answer as it checks any other.  ``join`` builds the answer vLLM 
 to the batch: the first answer's envelope (``id``, ``created``, ``model``,
 ``system_fingerprint``), the choices in prompt order with ``index`` = prompt * ``n`` +
 the choice's own index, and ``usage`` summed field by field.  Rows that the byte scan
-checked are relayed as the teacher's own bytes (``orjson.Fragment``); the rest of the
-envelope is written from the checked values.
+checked are relayed as the teacher's own bytes (spliced into the envelope); the rest of
+the envelope is written from the checked values.
 
 The endpoint splits every batch, whatever the teacher (docs/teacher-endpoint.md says
 why: one path for vLLM and the gateway, a batch spread over the replicas, each answer
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -49,10 +49,14 @@ def join(answers: list[tuple[bytes, Scanned | None]], n: int) -> bytes:
     """vLLM's answer to the batch from each prompt's checked answer, in prompt order.
 
     ``answers``: each body and where the byte scan found its rows (None: checked another
-    way, parsed whole here).  An answer that cannot be written again (an integer past 64
-    bits) raises ``EndpointRefusal`` 502.
+    way, parsed whole here).  The envelope is written by orjson with a NUL byte (which
+    orjson never writes: it escapes control characters) where each scanned rows array
+    goes, and the arrays are spliced in from the teachers' bodies in one copy.  An
+    answer that cannot be written again (an integer past 64 bits) raises
+    ``EndpointRefusal`` 502.
     """
-    trees = [_tree(body, scanned) for body, scanned in answers]
+    rows: list[memoryview] = []
+    trees = [_tree(body, scanned, rows) for body, scanned in answers]
     top = dict(trees[0])
     choices = []
     for number, tree in enumerate(trees):
@@ -62,7 +66,7 @@ def join(answers: list[tuple[bytes, Scanned | None]], n: int) -> bytes:
     if "usage" in top:
         top["usage"] = _summed([tree.get("usage") for tree in trees])
     try:
-        return orjson.dumps(top)
+        envelope = orjson.dumps(top)
     except orjson.JSONEncodeError:
         raise EndpointRefusal(
             502,
@@ -70,19 +74,31 @@ def join(answers: list[tuple[bytes, Scanned | None]], n: int) -> bytes:
             kind=ANSWER_REFUSED,
             rule="endpoint.join",
         ) from None
+    texts = envelope.split(_SLOT)
+    pieces: list[bytes | memoryview] = [texts[0]]
+    for array, text in zip(rows, texts[1:], strict=True):  # one slot per array, in order
+        pieces += [array, text]
+    return b"".join(pieces)
 
 
-def _tree(body: bytes, scanned: Scanned | None) -> Any:
-    """The checked answer as plain JSON values, each scanned rows array as its own bytes."""
+_SLOT: Final = b"\x00"
+_SLOT_FRAGMENT: Final = orjson.Fragment(_SLOT)
+
+
+def _tree(body: bytes, scanned: Scanned | None, rows: list[memoryview]) -> Any:
+    """The checked answer as plain JSON values, each scanned rows array a slot; the
+    arrays' bytes are appended to ``rows`` in document order."""
     if scanned is None:
         return json.loads(body)
     spans = iter(scanned.spans)
+    view = memoryview(body)
 
     def rows_or_float(text: str) -> object:
         if text != CUT_TEXT:
             return float(text)
         start, end = next(spans)
-        return orjson.Fragment(body[start:end])
+        rows.append(view[start:end])
+        return _SLOT_FRAGMENT
 
     return json.loads(scanned.envelope, parse_float=rows_or_float)
 

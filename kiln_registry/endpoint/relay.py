@@ -6,6 +6,9 @@ request per prompt (``batch.split``), sent concurrently (each to the live
 replica with the fewest requests in flight), each answer checked, and the
 answers joined into vLLM's answer to the batch (``batch.join``; the rows are
 the teacher's bytes); the first refusal, in prompt order, answers the batch.
+Answers waiting for their check are taken oldest request first
+(``turns.CheckTurns``), so two batches that arrive together are not both delayed
+by each other's checks.
 Anything else is an ``EndpointRefusal``:
 
 * the request broke the allowlist or a bound: 400 (``admission``), before
@@ -75,11 +78,12 @@ async def relay_completion(state: EndpointState, http: httpx.AsyncClient, body: 
     if state.stop_reason is not None:
         raise unavailable(state.stop_reason)
     admitted = admit(body, state.pin, state.limits)
+    ticket = state.turns.ticket()
     if len(admitted.prompts) == 1:
-        return (await _relay_one(state, http, admitted))[0]
+        return (await _relay_one(state, http, admitted, ticket))[0]
     parts = split(admitted, state.pin)
     answers = await asyncio.gather(
-        *(_relay_one(state, http, part) for part in parts), return_exceptions=True
+        *(_relay_one(state, http, part, ticket) for part in parts), return_exceptions=True
     )
     checked: list[tuple[bytes, Scanned | None]] = []
     for answer in answers:  # the first refusal in prompt order is the batch's answer
@@ -90,7 +94,7 @@ async def relay_completion(state: EndpointState, http: httpx.AsyncClient, body: 
 
 
 async def _relay_one(
-    state: EndpointState, http: httpx.AsyncClient, admitted: Admitted
+    state: EndpointState, http: httpx.AsyncClient, admitted: Admitted, ticket: int
 ) -> tuple[bytes, Scanned | None]:
     """One upstream request for ``admitted``: the checked body and where its rows lie."""
     tried: set[int] = set()
@@ -104,7 +108,7 @@ async def _relay_one(
             break
     if exchange.status != 200:
         raise _teacher_refusal(state, exchange)
-    scanned = await _checked(state, replica, exchange.body, admitted)
+    scanned = await _checked(state, replica, exchange.body, admitted, ticket)
     state.metrics.count_scored(admitted.scored_tokens)
     return exchange.body, scanned
 
@@ -158,14 +162,15 @@ def _transport_failed(state: EndpointState, replica: Replica, exc: ProbeFailed) 
 
 
 async def _checked(
-    state: EndpointState, replica: Replica, body: bytes, admitted: Admitted
+    state: EndpointState, replica: Replica, body: bytes, admitted: Admitted, ticket: int
 ) -> Scanned | None:
     try:
         if len(body) > THREAD_CHECK_BYTES:
             return await asyncio.to_thread(
                 check_answer, body, admitted, state.pin, state.fingerprint
             )
-        return check_answer(body, admitted, state.pin, state.fingerprint)
+        async with state.turns.turn(ticket):  # the oldest request's answers first
+            return check_answer(body, admitted, state.pin, state.fingerprint)
     except AnswerRefused as exc:
         state.metrics.count_refusal(exc.rule)
         state.fence(replica, exc.rule)

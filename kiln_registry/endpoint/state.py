@@ -31,6 +31,7 @@ from kiln_registry.client.base import RegistryClientError
 from kiln_registry.endpoint.admission import Limits, Pin
 from kiln_registry.endpoint.metrics import EndpointMetrics
 from kiln_registry.endpoint.pool import Replica, ReplicaPool
+from kiln_registry.endpoint.turns import CheckTurns
 from kiln_registry.wire.teachers import ProbeReportPublic, TeacherEntry
 
 log = logging.getLogger("kiln_registry.endpoint")
@@ -74,6 +75,7 @@ class EndpointState:
     request_timeout_s: float = 600.0
     listed_replicas: int = 1
     stop_reason: str | None = None
+    turns: CheckTurns = field(default_factory=CheckTurns)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def stop(self, reason: str) -> None:

@@ -46,13 +46,16 @@ import numpy.typing as npt
 from kiln_registry.domain.errors import ProbeFailed
 from kiln_registry.probe.exact_numbers import (
     I64,
+    JSON_NUMBER,
     U64,
     Bytes,
     FastPathDeferred,
     exact_logprobs,
     small_ints,
+    valid_logprobs,
 )
 from kiln_registry.probe.parse import (
+    F32_OVERFLOW,
     MAX_VOCAB_SIZE,
     ParsedCompletion,
     PromptLogprobColumns,
@@ -65,6 +68,7 @@ from kiln_registry.probe.parse import (
 __all__ = [
     "CHUNK_BYTES",
     "FastPathDeferred",
+    "check_rows_array",
     "first_duplicate",
     "parse_completion_fast",
     "scan_completion",
@@ -150,7 +154,25 @@ def scan_rows_array(
     strict parser must decide (the teacher endpoint checks each choice's array with it).
     """
     limits = _Limits(min(vocab_size, MAX_VOCAB_SIZE), k, prompt_len - 1, max_candidates)
-    return _scan_array(body, start, limits)
+    columns, end = _scan_array(body, start, limits)
+    assert columns is not None
+    return columns, end
+
+
+def check_rows_array(
+    body: bytes, start: int, prompt_len: int, k: int, vocab_size: int, max_candidates: int
+) -> int:
+    """``scan_rows_array``'s verdict without its columns: the index past the array.
+
+    For a caller that relays the bytes (the teacher endpoint): the same rules, but a
+    logprob is only checked (``exact_numbers.valid_logprobs``: a number ``<= 0``, finite
+    as float32), not converted, so a float32-inexact text passes here as the strict
+    parser passes it; ``FastPathDeferred`` where the strict parser must decide.
+    """
+    limits = _Limits(
+        min(vocab_size, MAX_VOCAB_SIZE), k, prompt_len - 1, max_candidates, values=False
+    )
+    return _scan_array(body, start, limits)[1]
 
 
 def _cut_float(text: str) -> object:
@@ -169,6 +191,7 @@ class _Limits:
     k: int
     rows: int
     max_candidates: int
+    values: bool = True  # False: check only, keep no logprob or rank column
 
 
 @dataclass(slots=True)
@@ -182,8 +205,11 @@ class _Out:
     new_row: bool = True
 
 
-def _scan_array(body: bytes, start: int, limits: _Limits) -> tuple[PromptLogprobColumns, int]:
-    """Validate the rows array opening at ``start``; return its columns and end."""
+def _scan_array(
+    body: bytes, start: int, limits: _Limits
+) -> tuple[PromptLogprobColumns | None, int]:
+    """Validate the rows array opening at ``start``; return its columns (None when
+    ``limits.values`` is off) and end."""
     head = body[start : start + 8]
     if head[:6] == b"[null]":
         return _columns(_Out(), limits), start + 6
@@ -243,15 +269,27 @@ def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -
     _check_text(body, arr, pos, int(q[5, -1]) + 1, escapes, q)
     ids = small_ints(head, q[1] - q[0] - 1, 0, limits.vocab - 1)
     ranks = small_ints(tail, q[3] - q[2] - 8, 1, limits.vocab)
-    logprobs = exact_logprobs(body, number, q[1] + 13, q[2] - 1)
     out.ids.frombytes(ids.data.cast("B"))
-    out.ranks.frombytes(ranks.data.cast("B"))
-    out.logprobs.frombytes(logprobs.data.cast("B"))
+    if limits.values:
+        logprobs = exact_logprobs(body, number, q[1] + 13, q[2] - 1)
+        out.ranks.frombytes(ranks.data.cast("B"))
+        out.logprobs.frombytes(logprobs.data.cast("B"))
+    else:
+        for row in valid_logprobs(number, q[2] - q[1] - 14).tolist():
+            _check_logprob_text(body[int(q[1, row]) + 13 : int(q[2, row]) - 1])
     starts = np.empty(count, dtype=bool)
     starts[0], starts[1:] = out.new_row, new_row[: count - 1]
     out.row_starts.append(starts)
     out.new_row = bool(new_row[count - 1])
     return int(nxt[count - 1]), end
+
+
+def _check_logprob_text(text: bytes) -> None:
+    """One logprob ``valid_logprobs`` left: a JSON number ``<= 0``, finite as float32, or defer."""
+    if JSON_NUMBER.fullmatch(text) is None:
+        raise FastPathDeferred
+    if not -F32_OVERFLOW < float(text) <= 0.0:  # a huge literal reads as inf: refused
+        raise FastPathDeferred
 
 
 def _window(arr: Bytes, starts: I64, width: int) -> Bytes:
@@ -383,8 +421,8 @@ def first_duplicate(ids: npt.NDArray[np.integer], offsets: I64) -> tuple[int, in
     return row, int(pad[row, int(np.argmax(same[row]))])
 
 
-def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns:
-    """Check the row count, widths and duplicate ids, and pack the columns."""
+def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns | None:
+    """Check the row count, widths and duplicate ids, and pack the columns (if kept)."""
     flags = np.concatenate(out.row_starts) if out.row_starts else np.zeros(0, dtype=bool)
     offsets = np.append(np.flatnonzero(flags), len(out.ids)).astype(np.int64)
     if offsets.size - 1 != limits.rows:
@@ -393,6 +431,8 @@ def _columns(out: _Out, limits: _Limits) -> PromptLogprobColumns:
         raise FastPathDeferred
     if first_duplicate(np.frombuffer(out.ids, dtype=np.int32), offsets) is not None:
         raise FastPathDeferred
+    if not limits.values:
+        return None
     packed = array("q")
     packed.frombytes(offsets.data.cast("B"))
     return PromptLogprobColumns(

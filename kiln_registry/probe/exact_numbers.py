@@ -23,7 +23,7 @@ from array import array
 import numpy as np
 import numpy.typing as npt
 
-_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -227,9 +227,51 @@ def exact_logprobs(body: bytes, number: Bytes, start: I64, end: I64) -> npt.NDAr
     return values
 
 
+def valid_logprobs(number: Bytes, length: I64) -> I64:
+    """The rows whose logprob text is not passed in bulk (``parse.check_logprob``'s rule).
+
+    Validation only (the teacher endpoint relays the teacher's bytes, so it needs no
+    float32 column): a JSON number that is ``<= 0`` and finite as float32.  Decided in
+    bulk for the forms vLLM writes, all negative: ``-I``, ``-I.F``, ``-I.Fe-X`` and
+    ``-Ie-X`` (``I`` at most 30 digits without a leading zero, so the magnitude is below
+    ``10**30``, far inside float32); anything else (a zero without a sign, a positive
+    exponent, a malformed text) is returned, for the caller to check one by one with
+    ``JSON_NUMBER`` and ``parse.check_logprob``'s bounds.  ``number`` holds each number
+    right-aligned in its first 32 bytes, ``length`` bytes long.
+    """
+    if length.min() < 1 or length.max() > 31:
+        raise FastPathDeferred
+    bits, _ = _nondigit_bits(number.view(np.uint64)[:, :4])
+    bits >>= (32 - length).astype(np.uint64)
+    flat, first = number.ravel(), np.arange(length.size) * number.shape[1] + 32 - length
+    neg = flat[first] == 0x2D
+    one = np.uint64(1)
+    rest = bits & ~neg.astype(np.uint64)  # the non-digits after the sign, lowest first
+    rest2 = rest & (rest - one)
+    rest3 = rest2 & (rest2 - one)
+    a, b, c = _bit_index(rest), _bit_index(rest2), _bit_index(rest3)
+
+    def byte_at(offset: I64) -> Bytes:
+        picked: Bytes = flat[first + np.minimum(np.maximum(offset, 0), length - 1)]
+        return picked
+
+    at_a, at_b = byte_at(a), byte_at(b)
+    dot_a, exp_a, exp_b = at_a == 0x2E, (at_a | 0x20) == 0x65, (at_b | 0x20) == 0x65
+    int_len = np.where(a >= 0, a, length) - 1
+    plain = (rest2 == 0) & ((a < 0) | (dot_a & (a <= length - 2)))
+    minus_exponent = (c == b + 1) & (byte_at(c) == 0x2D) & (c <= length - 2)
+    fraction_exponent = ((rest3 & (rest3 - one)) == 0) & dot_a & exp_b & (b >= a + 2)
+    fraction_exponent &= minus_exponent
+    bare_exponent = (rest3 == 0) & exp_a & (b == a + 1) & (at_b == 0x2D) & (b <= length - 2)
+    ok = neg & (int_len >= 1) & (plain | fraction_exponent | bare_exponent)
+    ok &= (int_len == 1) | (byte_at(np.ones_like(a)) != 0x30)  # no leading zero
+    left: I64 = np.flatnonzero(~ok)
+    return left
+
+
 def _slow_logprob(text: bytes) -> float:
     """One number the vectorized path left undecided, with Python's exact ``float``."""
-    match = _JSON_NUMBER.fullmatch(text)
+    match = JSON_NUMBER.fullmatch(text)
     if match is None:
         raise FastPathDeferred
     try:

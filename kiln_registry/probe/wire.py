@@ -260,18 +260,20 @@ class TeacherWire(TeacherTransport):
     async def _body(self, conn: _Connection, status: int, limit: int) -> tuple[bytes, bool]:
         """The body up to ``body_cap``; (bytes, whether the message ended within the cap)."""
         cap = body_cap(status, limit)
-        body = bytearray()
+        chunks: list[bytes] = []  # joined once at the end: one copy of the body
+        size = 0
         while True:
             event = await conn.event()
             if isinstance(event, h11.EndOfMessage):
-                return bytes(body), True
+                return b"".join(chunks), True
             if not isinstance(event, h11.Data):
                 raise ConnectionResetError("unexpected event in the body")
-            if len(body) + len(event.data) > cap:
+            if size + len(event.data) > cap:
                 refuse_oversized(status, limit)
-                body += event.data[: cap - len(body)]
-                return bytes(body), False
-            body += event.data
+                chunks.append(event.data[: cap - size])
+                return b"".join(chunks), False
+            chunks.append(event.data)
+            size += len(event.data)
 
 
 def _header(response: h11.Response, name: bytes) -> str | None:
