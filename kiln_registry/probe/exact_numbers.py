@@ -244,6 +244,22 @@ def valid_logprobs(number: Bytes, length: I64) -> I64:
     bits, _ = _nondigit_bits(number.view(np.uint64)[:, :4])
     bits >>= (32 - length).astype(np.uint64)
     flat, first = number.ravel(), np.arange(length.size) * number.shape[1] + 32 - length
+    # The common spelling first, in few passes: "-I.F" (the sign and one dot).
+    dot = bits & ~np.uint64(1)
+    a = np.frexp(dot.astype(np.float64))[1] - 1
+    plain = (flat[first] == 0x2D) & ((bits & np.uint64(1)) != 0) & ((dot & (dot - 1)) == 0)
+    plain &= (a >= 2) & (a <= length - 2) & (flat[first + np.minimum(a, length - 1)] == 0x2E)
+    plain &= (a == 2) | (flat[first + 1] != 0x30)
+    others = np.flatnonzero(~plain)
+    if not others.size:
+        return others
+    left: I64 = others[_valid_logprobs_general(number[others], length[others], bits[others])]
+    return left
+
+
+def _valid_logprobs_general(number: Bytes, length: I64, bits: U64) -> I64:
+    """``valid_logprobs`` for every form it passes in bulk; ``bits`` its non-digit flags."""
+    flat, first = number.ravel(), np.arange(length.size) * number.shape[1] + 32 - length
     neg = flat[first] == 0x2D
     one = np.uint64(1)
     rest = bits & ~neg.astype(np.uint64)  # the non-digits after the sign, lowest first
