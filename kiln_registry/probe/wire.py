@@ -46,7 +46,11 @@ from kiln_registry.probe.transport import (
     transport_failure,
 )
 
-READ_BYTES: Final = 64 * 1024
+# One read takes what the socket has, up to this; also the stream's buffer limit (it
+# pauses reading at twice this).  At 64 KiB a 0.73 MB answer (one 511-token prompt at
+# K=20) took a dozen pause/read/parse rounds: the teacher endpoint spent more time
+# framing than checking it (bench/bench_endpoint.py, 2026-12-05: 0.936x -> 0.946x).
+READ_BYTES: Final = 1024 * 1024
 MAX_INTERIM_RESPONSES: Final = 4
 
 
