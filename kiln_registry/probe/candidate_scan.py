@@ -76,6 +76,7 @@ __all__ = [
 ]
 
 CHUNK_BYTES = 1 << 20
+FEW_SLASHES = 2048  # decoded tokens escape a few bytes; bytes.find beats a full scan up to here
 _ARRAY_KEY = b'"prompt_logprobs":['
 _CUT_TEXT = "-0.0e-7777777"
 _ESCAPABLE = np.zeros(256, dtype=bool)
@@ -227,9 +228,11 @@ def _quotes(body: bytes, arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
     """Unescaped quote positions in ``[pos, stop)`` and the escaping backslashes."""
     region = arr[pos:stop]
     quotes = np.flatnonzero(region == 0x22)
-    if body.find(b"\\", pos, stop) < 0:
+    at = body.find(b"\\", pos, stop)
+    if at < 0:
         return quotes + pos, _NO_ROWS
-    slashes = np.flatnonzero(region == 0x5C)
+    slashes = _few_slashes(body, at, stop)
+    slashes = np.flatnonzero(region == 0x5C) if slashes is None else slashes - pos
     first = np.ones(slashes.size, dtype=bool)
     first[1:] = np.diff(slashes) != 1
     index = np.arange(slashes.size)
@@ -242,6 +245,18 @@ def _quotes(body: bytes, arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
         keep[np.searchsorted(quotes, escaped)] = False
         quotes = quotes[keep]
     return quotes + pos, escaping + pos
+
+
+def _few_slashes(body: bytes, at: int, stop: int) -> I64 | None:
+    """Backslash positions in ``[at, stop)`` (``at`` is the first), found one by one, or
+    None past ``FEW_SLASHES`` of them (a scan of every byte is then cheaper)."""
+    found = [at]
+    while len(found) <= FEW_SLASHES:
+        at = body.find(b"\\", at + 1, stop)
+        if at < 0:
+            return np.array(found, dtype=np.int64)
+        found.append(at)
+    return None
 
 
 def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -> tuple[int, int]:

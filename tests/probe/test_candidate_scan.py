@@ -119,7 +119,12 @@ def test_small_chunks_cross_candidates_and_rows(monkeypatch: pytest.MonkeyPatch)
         '"},\\"1\\":{"',
     ],
 )
-def test_decoded_token_strings_with_escapes_and_utf8(decoded: str) -> None:
+@pytest.mark.parametrize("few", [0, 1, 2048])
+def test_decoded_token_strings_with_escapes_and_utf8(
+    decoded: str, few: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FEW_SLASHES (a plain setting): backslashes found one by one, or by the full scan.
+    monkeypatch.setattr(candidate_scan, "FEW_SLASHES", few)
     body = one_row_body(["-1.5", "-0.5"], decoded=decoded)
     assert fast_taken(body, row_args(1))
 
@@ -128,7 +133,11 @@ def test_decoded_token_strings_with_escapes_and_utf8(decoded: str) -> None:
     "decoded",
     [r'"\x"', r'"\u12G4"', '"\x01"', r'"\"', '"\\u00"'],
 )
-def test_bad_decoded_token_strings_defer_and_are_refused(decoded: str) -> None:
+@pytest.mark.parametrize("few", [0, 2048])
+def test_bad_decoded_token_strings_defer_and_are_refused(
+    decoded: str, few: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(candidate_scan, "FEW_SLASHES", few)
     body = one_row_body(["-1.5", "-0.5"], decoded=decoded)
     assert not fast_taken(body, row_args(1))
     with pytest.raises(ProbeFailed) as info:
