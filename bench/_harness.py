@@ -36,12 +36,14 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def teacher(
-    model: Path, tmp: Path, threads: int, model_id: str
+    model: Path, tmp: Path, threads: int, model_id: str, max_model_len: int = 64
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """The reference teacher on ``model`` (K <= 8, 64 tokens): the process and its URL."""
+    """The reference teacher on ``model`` (K <= 8, ``max_model_len`` tokens): the process
+    and its URL."""
     proc = start(
         ["reference-teacher", "--model-path", str(model), "--served-model-id", model_id,
-         "--max-top-k", "8", "--max-model-len", "64", "--port", "0", "--threads", str(threads)],
+         "--max-top-k", "8", "--max-model-len", str(max_model_len), "--port", "0",
+         "--threads", str(threads)],
         tmp / "teacher.log",
     )  # fmt: skip
     assert proc.stdout is not None
@@ -97,11 +99,18 @@ class Served:
 
 @contextmanager
 def serving(
-    tmp: Path, port: int, model: Path, *, concurrency: int, threads: int, model_id: str
+    tmp: Path,
+    port: int,
+    model: Path,
+    *,
+    concurrency: int,
+    threads: int,
+    model_id: str,
+    max_model_len: int = 64,
 ) -> Iterator[Served]:
     """The teacher and a registry on ``port`` with the teacher registered as ``ref``."""
     config = registry_config(tmp, port, model, concurrency)
-    t_proc, t_url = teacher(model, tmp, threads, model_id)
+    t_proc, t_url = teacher(model, tmp, threads, model_id, max_model_len)
     url = f"http://127.0.0.1:{port}"
     r_proc = registry(config, tmp, url)
     try:

@@ -155,8 +155,13 @@ def main() -> None:
             for i in range(args.rounds)
         ]  # fmt: skip
         port = 19000 + os.getpid() % 1000
+        # 128 tokens: since the corpus check counts the conversation as Kiln tokenizes it
+        # (prompt, re-tokenized completion, the probe token and the generation slot), a
+        # round-1 prompt with its 16 generated tokens needs 63 of a 64-token context, and
+        # the job refuses the corpus (generation.kiln_sequence).
         with serving(tmp, port, model, concurrency=args.concurrency,
-                     threads=args.teacher_threads, model_id=MODEL_ID) as served:  # fmt: skip
+                     threads=args.teacher_threads, model_id=MODEL_ID,
+                     max_model_len=128) as served:  # fmt: skip
             asyncio.run(direct(served.teacher_url, batches[0][:40], args, tokenizer))  # warm-up
             measured = rounds(args, served.teacher_url, served.url, batches, tokenizer)
     ratios = [r["job_vs_teacher"] for r in measured]
