@@ -20,10 +20,13 @@ from kiln_registry.probe.candidate_scan import FastPathDeferred, check_rows_arra
 from kiln_registry.probe.exact_numbers import valid_logprobs
 from kiln_registry.probe.parse import parse_completion, parse_rows, strict_loads
 from tests.probe.test_candidate_scan import (
+    EDITS,
     SUCCESS,
     Args,
+    Edit,
     captured,
     kiln_rows,
+    mutated,
     one_row_body,
     row_args,
 )
@@ -122,33 +125,12 @@ def test_python_spelled_negative_floats_pass_in_bulk(values: list[float]) -> Non
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    name=st.sampled_from(["pl1", "pl32", "fp32_pl32_64tok"]),
-    edits=st.lists(
-        st.tuples(
-            st.floats(0.0, 1.0, allow_nan=False),
-            st.sampled_from(["replace", "insert", "delete"]),
-            st.sampled_from(list(b'0123456789-.eE+"\\{}[],: nul\x00\x1f\xc3\xa9\xff')),
-        ),
-        min_size=1,
-        max_size=3,
-    ),
-)
+@given(name=st.sampled_from(["pl1", "pl32", "fp32_pl32_64tok"]), edits=EDITS)
 def test_mutated_real_bodies_never_pass_what_the_parser_refuses(
-    name: str, edits: list[tuple[float, str, int]]
+    name: str, edits: list[Edit]
 ) -> None:
     body, args = captured(name)
-    start = body.index(KEY)
-    data = bytearray(body)
-    for where, kind, byte in edits:
-        at = start + int(where * (len(data) - start - 1))
-        if kind == "replace":
-            data[at] = byte
-        elif kind == "insert":
-            data.insert(at, byte)
-        else:
-            del data[at]
-    check_only(bytes(data), args)
+    check_only(mutated(body, edits), args)
 
 
 @settings(max_examples=400, deadline=None)
