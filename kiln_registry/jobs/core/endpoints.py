@@ -21,7 +21,9 @@ remains.
 
 A fence is also recorded on the alias's ``teacher_replicas`` row through the
 caller's hook (``jobs.core.registry_repository.fence_replica``), so the entry shows
-it and later jobs skip the replica until a re-probe proves it again.
+it and later jobs skip the replica until a re-probe proves it again.  Every such
+write finishes before the pool is left, even one whose request was cancelled when
+another failure ended the job: the job's end is never recorded before its fences.
 
 Imports: standard library, ``kiln_registry.db.models``/``domain``/
 ``credentials``, ``probe.wire``; no job kind, API or FastAPI.
@@ -110,6 +112,7 @@ class JobTeachers:
         self._next = 0
         self._origin: dict[int, int] = {}  # row key -> endpoint slot, until the row is written
         self._stack = contextlib.AsyncExitStack()
+        self._fence_writes: list[asyncio.Future[None]] = []  # one per replica at most
         self.fences: list[str] = []
 
     async def __aenter__(self) -> JobTeachers:
@@ -121,7 +124,14 @@ class JobTeachers:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
+        try:
+            # A request cancelled by another's failure leaves its fence's write running.
+            for outcome in await asyncio.gather(*self._fence_writes, return_exceptions=True):
+                if isinstance(outcome, Exception):
+                    log.error("alias %r: a fence was not recorded: %s", self.alias,
+                              type(outcome).__name__)  # fmt: skip
+        finally:
+            await self._stack.aclose()
 
     def standing(self) -> list[Endpoint]:
         return [e for e in self.endpoints if e.fenced is None]
@@ -134,7 +144,9 @@ class JobTeachers:
         endpoint.fenced = reason
         self.fences.append(f"replica {endpoint.idx}: {reason}")
         log.warning("alias %r: replica %d fenced: %s", self.alias, endpoint.idx, reason)
-        await asyncio.to_thread(self._on_fence, endpoint.idx, reason)
+        write = asyncio.ensure_future(asyncio.to_thread(self._on_fence, endpoint.idx, reason))
+        self._fence_writes.append(write)
+        await asyncio.shield(write)  # cancelled, the write still ends (``__aexit__`` waits)
 
     def _choose(self) -> Endpoint | None:
         standing = self.standing()
