@@ -55,10 +55,10 @@ from kiln_registry.probe.exact_numbers import (
     valid_logprobs,
 )
 from kiln_registry.probe.parse import (
-    F32_OVERFLOW,
     MAX_VOCAB_SIZE,
     ParsedCompletion,
     PromptLogprobColumns,
+    check_logprob,
     completion_from_tree,
     parse_completion,
     response_body_limit,
@@ -300,11 +300,13 @@ def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -
 
 
 def _check_logprob_text(text: bytes) -> None:
-    """One logprob ``valid_logprobs`` left: a JSON number ``<= 0``, finite as float32, or defer."""
+    """One logprob ``valid_logprobs`` left: a JSON number passing ``check_logprob``, or defer."""
     if JSON_NUMBER.fullmatch(text) is None:
         raise FastPathDeferred
-    if not -F32_OVERFLOW < float(text) <= 0.0:  # a huge literal reads as inf: refused
-        raise FastPathDeferred
+    try:
+        check_logprob(float(text), "logprob")  # a huge literal reads as inf: refused
+    except ProbeFailed as exc:
+        raise FastPathDeferred from exc
 
 
 def _window(arr: Bytes, starts: I64, width: int) -> Bytes:

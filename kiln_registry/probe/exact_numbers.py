@@ -246,7 +246,7 @@ def valid_logprobs(number: Bytes, length: I64) -> I64:
     flat, first = number.ravel(), np.arange(length.size) * number.shape[1] + 32 - length
     # The common spelling first, in few passes: "-I.F" (the sign and one dot).
     dot = bits & ~np.uint64(1)
-    a = np.frexp(dot.astype(np.float64))[1] - 1
+    a = _bit_index(dot)  # the dot's offset, when it is the one non-digit after the sign
     plain = (flat[first] == 0x2D) & ((bits & np.uint64(1)) != 0) & ((dot & (dot - 1)) == 0)
     plain &= (a >= 2) & (a <= length - 2) & (flat[first + np.minimum(a, length - 1)] == 0x2E)
     plain &= (a == 2) | (flat[first + 1] != 0x30)
