@@ -2,9 +2,10 @@
 
 ``run_endpoint`` checks the listening rules, opens the registry client and
 the outbound teacher client, builds the state (``startup.build_state``:
-read, refuse, prove), binds the port, prints the base URL to give the
-trainer (``announce``), and serves with uvicorn until SIGINT/SIGTERM while
-``EndpointState.follow`` re-reads the alias every ``recheck_s``.
+read, refuse, prove), keeps freed buffers in the heap (``heap``), binds the
+port, prints the base URL to give the trainer (``announce``), and serves with
+uvicorn until SIGINT/SIGTERM while ``EndpointState.follow`` re-reads the alias
+every ``recheck_s``.
 
 Imports uvicorn, the registry client and the endpoint's modules.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from kiln_registry.endpoint.app import EndpointApp
+from kiln_registry.endpoint.heap import keep_freed_memory
 from kiln_registry.endpoint.startup import (
     EndpointOptions,
     bind,
@@ -55,6 +57,7 @@ async def run_endpoint(
     tls_context(listen)  # a bad TLS file fails here, before the port is bound
     async with registry() as client, outbound_client(options.config) as http:
         state = await build_state(options, client, http)
+        keep_freed_memory()  # before the first request: its buffers are reused (endpoint.heap)
         sock = bind(listen.host, listen.port)
         port = sock.getsockname()[1]
         host = f"[{listen.host}]" if ":" in listen.host else listen.host

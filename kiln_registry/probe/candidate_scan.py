@@ -73,10 +73,10 @@ __all__ = [
     "parse_completion_fast",
     "scan_completion",
     "scan_rows_array",
+    "sparse_positions",
 ]
 
 CHUNK_BYTES = 1 << 20
-FEW_SLASHES = 2048  # decoded tokens escape a few bytes; bytes.find beats a full scan up to here
 _ARRAY_KEY = b'"prompt_logprobs":['
 _CUT_TEXT = "-0.0e-7777777"
 _ESCAPABLE = np.zeros(256, dtype=bool)
@@ -227,36 +227,29 @@ def _scan_array(
 def _quotes(body: bytes, arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
     """Unescaped quote positions in ``[pos, stop)`` and the escaping backslashes."""
     region = arr[pos:stop]
-    quotes = np.flatnonzero(region == 0x22)
-    at = body.find(b"\\", pos, stop)
-    if at < 0:
-        return quotes + pos, _NO_ROWS
-    slashes = _few_slashes(body, at, stop)
-    slashes = np.flatnonzero(region == 0x5C) if slashes is None else slashes - pos
+    is_quote = region == 0x22
+    if body.find(b"\\", pos, stop) < 0:
+        return np.flatnonzero(is_quote) + pos, _NO_ROWS
+    slashes = sparse_positions(region == 0x5C)
     first = np.ones(slashes.size, dtype=bool)
     first[1:] = np.diff(slashes) != 1
     index = np.arange(slashes.size)
     run_start = np.maximum.accumulate(np.where(first, index, 0))
     escaping = slashes[((index - run_start) & 1) == 0]
-    targets = escaping[escaping + 1 < region.size] + 1
-    escaped = targets[region[targets] == 0x22]
-    if escaped.size:
-        keep = np.ones(quotes.size, dtype=bool)
-        keep[np.searchsorted(quotes, escaped)] = False
-        quotes = quotes[keep]
-    return quotes + pos, escaping + pos
+    is_quote[escaping[escaping + 1 < region.size] + 1] = False  # an escaped byte is no quote
+    return np.flatnonzero(is_quote) + pos, escaping + pos
 
 
-def _few_slashes(body: bytes, at: int, stop: int) -> I64 | None:
-    """Backslash positions in ``[at, stop)`` (``at`` is the first), found one by one, or
-    None past ``FEW_SLASHES`` of them (a scan of every byte is then cheaper)."""
-    found = [at]
-    while len(found) <= FEW_SLASHES:
-        at = body.find(b"\\", at + 1, stop)
-        if at < 0:
-            return np.array(found, dtype=np.int64)
-        found.append(at)
-    return None
+def sparse_positions(mask: npt.NDArray[np.bool_]) -> I64:
+    """``np.flatnonzero(mask)`` for a mask with few hits (the backslashes of a rows array):
+    the 8-byte words that hold a hit first, then the hits within those words."""
+    whole = mask.size & ~7
+    words = np.flatnonzero(mask[:whole].view(np.uint64) != 0)
+    inner = np.flatnonzero(mask[:whole].reshape(-1, 8)[words])
+    found: I64 = words[inner >> 3] * 8 + (inner & 7)
+    if whole < mask.size:
+        found = np.concatenate((found, np.flatnonzero(mask[whole:]) + whole))
+    return found
 
 
 def _scan_chunk(body: bytes, arr: Bytes, pos: int, out: _Out, limits: _Limits) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from kiln_registry.probe.candidate_scan import (
     first_duplicate,
     parse_completion_fast,
     scan_completion,
+    sparse_positions,
 )
 from kiln_registry.probe.parse import ParsedCompletion, parse_completion
 
@@ -119,13 +120,10 @@ def test_small_chunks_cross_candidates_and_rows(monkeypatch: pytest.MonkeyPatch)
         '"},\\"1\\":{"',
     ],
 )
-@pytest.mark.parametrize("few", [0, 1, 2048])
-def test_decoded_token_strings_with_escapes_and_utf8(
-    decoded: str, few: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # FEW_SLASHES (a plain setting): backslashes found one by one, or by the full scan.
-    monkeypatch.setattr(candidate_scan, "FEW_SLASHES", few)
-    body = one_row_body(["-1.5", "-0.5"], decoded=decoded)
+@pytest.mark.parametrize("shift", range(8))
+def test_decoded_token_strings_with_escapes_and_utf8(decoded: str, shift: int) -> None:
+    # ``shift`` moves the token across the 8-byte words that sparse_positions reads.
+    body = one_row_body(["-1.5", str(-(2.0 ** -(1 + shift)))], decoded=decoded)
     assert fast_taken(body, row_args(1))
 
 
@@ -133,16 +131,23 @@ def test_decoded_token_strings_with_escapes_and_utf8(
     "decoded",
     [r'"\x"', r'"\u12G4"', '"\x01"', r'"\"', '"\\u00"'],
 )
-@pytest.mark.parametrize("few", [0, 2048])
-def test_bad_decoded_token_strings_defer_and_are_refused(
-    decoded: str, few: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(candidate_scan, "FEW_SLASHES", few)
-    body = one_row_body(["-1.5", "-0.5"], decoded=decoded)
+@pytest.mark.parametrize("shift", range(8))
+def test_bad_decoded_token_strings_defer_and_are_refused(decoded: str, shift: int) -> None:
+    body = one_row_body(["-1.5", str(-(2.0 ** -(1 + shift)))], decoded=decoded)
     assert not fast_taken(body, row_args(1))
     with pytest.raises(ProbeFailed) as info:
         parse_completion_fast(body, **row_args(1))
     assert info.value.rule == "probe.json"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=40), st.integers(0, 320))
+def test_sparse_positions_are_flatnonzero(hits: list[int], size: int) -> None:
+    # Any size (whole 8-byte words and a tail), any density, at any offset of a buffer.
+    backing = np.zeros(size + 3, dtype=bool)
+    mask = backing[3:]
+    mask[[h for h in hits if h < size]] = True
+    assert np.array_equal(sparse_positions(mask), np.flatnonzero(mask))
 
 
 def test_surrogate_escapes_defer_and_serde_rules_decide() -> None:
