@@ -5,7 +5,11 @@ teacher.  Through httpx each costs the registry 1.2-1.9 ms of CPU, more than
 parsing and verifying the answer, and on a shared host that CPU is taken from
 the teacher (``bench/RESULTS.md``, job queue).  ``TeacherWire`` frames the
 same exchange with h11 (the HTTP/1.1 state machine under httpx) over asyncio
-streams and keeps idle connections to the one origin: about 0.4 ms.
+streams and keeps idle connections to the one origin: about 0.4 ms.  h11 reads
+each response head (up to its blank line, never a body byte); a body framed by
+Content-Length alone is then read straight from the stream, which h11 would
+copy twice more, and a kept-alive connection starts a fresh h11 cycle; chunked
+bodies go through h11.
 
 Deliberately narrow: POST only, one origin (``http``, or ``https`` verified
 with the caller's ``ssl.SSLContext`` from ``teacher_tls_context``), no
@@ -80,13 +84,17 @@ def _origin(url: str) -> _Origin:
     return _Origin(parts.scheme, parts.hostname, port, parts.netloc, target)
 
 
+def _machine() -> h11.Connection:
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_RESPONSE_HEAD_BYTES)
+
+
 class _Connection:
     """One HTTP/1.1 connection and its h11 state; closed on any doubt."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_RESPONSE_HEAD_BYTES)
+        self.h11 = _machine()
 
     def close(self) -> None:
         # Nothing is in flight on a connection being dropped, so there is no TLS
@@ -101,19 +109,43 @@ class _Connection:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                self.h11.receive_data(await self.reader.read(READ_BYTES))
+                self.h11.receive_data(await self._more())
                 continue
             if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
                 raise ConnectionResetError("the connection ended")
             assert isinstance(event, h11.Event)
             return event
 
+    async def _more(self) -> bytes:
+        """The next bytes for h11: a head up to its blank line (no body byte), else a read."""
+        if self.h11.their_state is not h11.SEND_RESPONSE:
+            return await self.reader.read(READ_BYTES)
+        try:
+            head = await self.reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            return exc.partial  # the stream ended: h11 sees these bytes, then the end
+        except asyncio.LimitOverrunError:
+            return await self.reader.read(READ_BYTES)  # h11 refuses a head this long
+        if len(head) > MAX_RESPONSE_HEAD_BYTES:  # h11 bounds only a head it is still reading
+            raise h11.RemoteProtocolError("the response head is too long", 431)
+        return head
+
+    async def sized_body(self, length: int, keep_alive: bool) -> bytes:
+        """A Content-Length body read straight from the stream (h11 would copy it twice);
+        a kept-alive connection then starts a fresh h11 cycle."""
+        try:
+            body = await self.reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise ConnectionResetError("the connection ended mid-body") from None
+        self.h11 = _machine() if keep_alive else self.h11
+        return body
+
     def reusable(self) -> bool:
         """Whether both sides finished the message and the connection may carry another."""
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
             self.h11.start_next_cycle()
             return True
-        return False
+        return self.h11.our_state is h11.IDLE and self.h11.their_state is h11.IDLE
 
 
 class TeacherWire(TeacherTransport):
@@ -241,7 +273,7 @@ class TeacherWire(TeacherTransport):
                 _header(response, b"content-length"),
                 limit,
             )
-            body, complete = await self._body(conn, status, limit)
+            body, complete = await self._body(conn, response, limit)
             keep = complete and conn.reusable()
             return status, body
         except (OSError, ssl.SSLError, h11.RemoteProtocolError) as exc:
@@ -261,9 +293,15 @@ class TeacherWire(TeacherTransport):
                 raise ConnectionResetError("no response head")
         fail("transport", f"teacher sent more than {MAX_INTERIM_RESPONSES} interim responses")
 
-    async def _body(self, conn: _Connection, status: int, limit: int) -> tuple[bytes, bool]:
+    async def _body(
+        self, conn: _Connection, response: h11.Response, limit: int
+    ) -> tuple[bytes, bool]:
         """The body up to ``body_cap``; (bytes, whether the message ended within the cap)."""
+        status = response.status_code
         cap = body_cap(status, limit)
+        length = _sized(response)
+        if length is not None and length <= cap:
+            return await conn.sized_body(length, _keep_alive(response)), True
         chunks: list[bytes] = []  # joined once at the end: one copy of the body
         size = 0
         while True:
@@ -278,6 +316,21 @@ class TeacherWire(TeacherTransport):
                 return b"".join(chunks), False
             chunks.append(event.data)
             size += len(event.data)
+
+
+def _sized(response: h11.Response) -> int | None:
+    """The body's length where h11 frames it by Content-Length alone (a checked header),
+    else None (chunked, until close, or no body)."""
+    if response.status_code in (204, 304) or _header(response, b"transfer-encoding") is not None:
+        return None
+    declared = _header(response, b"content-length")
+    return int(declared) if declared is not None else None
+
+
+def _keep_alive(response: h11.Response) -> bool:
+    """h11's own rule: HTTP/1.1 and no ``close`` token in Connection."""
+    tokens = (_header(response, b"connection") or "").lower().replace(" ", "").split(",")
+    return response.http_version >= b"1.1" and "close" not in tokens
 
 
 def _header(response: h11.Response, name: bytes) -> str | None:

@@ -38,6 +38,7 @@ class EnvSecret:
 class Answer:
     data: bytes
     then: str = "keep"  # keep | close | hang | reset
+    pieces: int = 1  # written in this many parts, a short pause between them
 
 
 @dataclass
@@ -87,8 +88,11 @@ class RawServer(TeacherServer):
                 request = head + await reader.readexactly(length)
                 self.seen.requests.append(request)
                 answer = self.script(conn, req, request)
-                writer.write(answer.data)
-                await writer.drain()
+                step = -(-len(answer.data) // answer.pieces)
+                for at in range(0, len(answer.data), step):
+                    writer.write(answer.data[at : at + step])
+                    await writer.drain()
+                    await asyncio.sleep(0.01 if answer.pieces > 1 else 0)
                 if answer.then == "hang":
                     await asyncio.sleep(3600)
                 if answer.then == "reset":
@@ -160,6 +164,22 @@ def test_a_connection_the_teacher_closed_is_replaced_without_failing() -> None:
 
 def test_connection_close_is_honoured() -> None:
     with serving(lambda c, r, req: Answer(ok(b"{}", "connection: close"), then="close")) as srv:
+        assert run_posts(srv.url(), 2) == [(200, b"{}")] * 2
+    assert srv.seen.connections == 2
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 40])
+def test_heads_and_bodies_arriving_in_pieces_are_read_whole(pieces: int) -> None:
+    # Written in parts: a head cut anywhere (even in its blank line), then the body.
+    body = bytes(range(256)) * 64
+    with serving(lambda c, r, req: Answer(ok(body), pieces=pieces)) as srv:
+        assert run_posts(srv.url(), 3, limit=1 << 20) == [(200, body)] * 3
+    assert srv.seen.connections == 1
+
+
+def test_an_http_1_0_answer_is_not_kept_alive() -> None:
+    answer = b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}"  # the server keeps it open
+    with serving(lambda c, r, req: Answer(answer)) as srv:
         assert run_posts(srv.url(), 2) == [(200, b"{}")] * 2
     assert srv.seen.connections == 2
 
