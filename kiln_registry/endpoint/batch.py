@@ -51,12 +51,13 @@ def join(answers: list[tuple[bytes, Scanned | None]], n: int) -> bytes:
     ``answers``: each body and where the byte scan found its rows (None: checked another
     way, parsed whole here).  The envelope is written by orjson with a NUL byte (which
     orjson never writes: it escapes control characters) where each scanned rows array
-    goes, and the arrays are spliced in from the teachers' bodies in one copy.  An
+    goes, and the arrays are spliced in from the teachers' bodies in one copy, in the
+    order orjson wrote their slots (its ``default`` hook meets them in output order, so
+    a teacher that lists its choices out of index order keeps each choice's rows).  An
     answer that cannot be written again (an integer past 64 bits) raises
     ``EndpointRefusal`` 502.
     """
-    rows: list[memoryview] = []
-    trees = [_tree(body, scanned, rows) for body, scanned in answers]
+    trees = [_tree(body, scanned) for body, scanned in answers]
     top = dict(trees[0])
     choices = []
     for number, tree in enumerate(trees):
@@ -65,8 +66,16 @@ def join(answers: list[tuple[bytes, Scanned | None]], n: int) -> bytes:
     top["choices"] = choices
     if "usage" in top:
         top["usage"] = _summed([tree.get("usage") for tree in trees])
+    spliced: list[memoryview] = []  # in the order orjson writes the slots
+
+    def slot(value: object) -> orjson.Fragment:
+        if type(value) is not _Rows:
+            raise TypeError
+        spliced.append(value.view)
+        return _SLOT_FRAGMENT
+
     try:
-        envelope = orjson.dumps(top)
+        envelope = orjson.dumps(top, default=slot)
     except orjson.JSONEncodeError:
         raise EndpointRefusal(
             502,
@@ -76,7 +85,7 @@ def join(answers: list[tuple[bytes, Scanned | None]], n: int) -> bytes:
         ) from None
     texts = envelope.split(_SLOT)
     pieces: list[bytes | memoryview] = [texts[0]]
-    for array, text in zip(rows, texts[1:], strict=True):  # one slot per array, in order
+    for array, text in zip(spliced, texts[1:], strict=True):  # one slot per array, in order
         pieces += [array, text]
     return b"".join(pieces)
 
@@ -85,9 +94,18 @@ _SLOT: Final = b"\x00"
 _SLOT_FRAGMENT: Final = orjson.Fragment(_SLOT)
 
 
-def _tree(body: bytes, scanned: Scanned | None, rows: list[memoryview]) -> Any:
-    """The checked answer as plain JSON values, each scanned rows array a slot; the
-    arrays' bytes are appended to ``rows`` in document order."""
+class _Rows:
+    """A scanned rows array in the envelope: its bytes in the teacher's body.  (A plain
+    class: orjson would write a dataclass out field by field.)"""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
+def _tree(body: bytes, scanned: Scanned | None) -> Any:
+    """The checked answer as plain JSON values, each scanned rows array a ``_Rows``."""
     if scanned is None:
         return json.loads(body)
     spans = iter(scanned.spans)
@@ -97,8 +115,7 @@ def _tree(body: bytes, scanned: Scanned | None, rows: list[memoryview]) -> Any:
         if text != CUT_TEXT:
             return float(text)
         start, end = next(spans)
-        rows.append(view[start:end])
-        return _SLOT_FRAGMENT
+        return _Rows(view[start:end])
 
     return json.loads(scanned.envelope, parse_float=rows_or_float)
 
