@@ -203,7 +203,7 @@ def _one_prompt(item: object, pin: Pin) -> tuple[int, ...] | None:
             "prompt",
             "max_model_len",
         )
-    if not all(_is_int(t) and 0 <= t < pin.vocab_size for t in item):
+    if not _token_ids(item, pin.vocab_size):
         raise bad_request(
             f"prompt token ids must be integers in 0..{pin.vocab_size - 1} (the pin's vocab_size)",
             "prompt",
@@ -311,6 +311,12 @@ def response_limit(
         tokens = pin.max_model_len if prompt is None else len(prompt) + max_tokens
         total += n * (tokens * (k + 1) * 128 + tokens * 32 + 4096)
     return max(MIN_BODY_LIMIT, min(MAX_BODY_LIMIT, total + 65536))
+
+
+def _token_ids(item: list[Any], vocab_size: int) -> bool:
+    """Every entry an integer in ``0..vocab_size-1``: the types first, in one pass in C
+    (the parser makes exact ``int``s; a bool is not one), then the bounds."""
+    return set(map(type, item)) == {int} and min(item) >= 0 and max(item) < vocab_size
 
 
 def _is_int(value: object) -> bool:
