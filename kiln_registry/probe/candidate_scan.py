@@ -229,7 +229,7 @@ def _quotes(body: bytes, arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
     region = arr[pos:stop]
     is_quote = region == 0x22
     if body.find(b"\\", pos, stop) < 0:
-        return np.flatnonzero(is_quote) + pos, _NO_ROWS
+        return _positions(is_quote, pos), _NO_ROWS
     slashes = sparse_positions(region == 0x5C)
     first = np.ones(slashes.size, dtype=bool)
     first[1:] = np.diff(slashes) != 1
@@ -237,7 +237,14 @@ def _quotes(body: bytes, arr: Bytes, pos: int, stop: int) -> tuple[I64, I64]:
     run_start = np.maximum.accumulate(np.where(first, index, 0))
     escaping = slashes[((index - run_start) & 1) == 0]
     is_quote[escaping[escaping + 1 < region.size] + 1] = False  # an escaped byte is no quote
-    return np.flatnonzero(is_quote) + pos, escaping + pos
+    return _positions(is_quote, pos), escaping + pos
+
+
+def _positions(mask: npt.NDArray[np.bool_], offset: int) -> I64:
+    """``np.flatnonzero(mask) + offset``, the offset added in place."""
+    found: I64 = np.flatnonzero(mask)
+    found += offset
+    return found
 
 
 def sparse_positions(mask: npt.NDArray[np.bool_]) -> I64:
