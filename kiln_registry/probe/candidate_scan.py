@@ -65,11 +65,18 @@ from kiln_registry.probe.parse import (
     strict_loads,
 )
 
+try:
+    from kiln_registry.probe import _rowscan
+except ImportError:  # built without a C compiler: the numpy scan decides alone
+    _rowscan = None  # type: ignore[assignment]
+
 __all__ = [
     "CHUNK_BYTES",
     "FastPathDeferred",
     "check_rows_array",
+    "compiled_check",
     "first_duplicate",
+    "numpy_check_rows_array",
     "parse_completion_fast",
     "scan_completion",
     "scan_rows_array",
@@ -169,11 +176,32 @@ def check_rows_array(
     logprob is only checked (``exact_numbers.valid_logprobs``: a number ``<= 0``, finite
     as float32), not converted, so a float32-inexact text passes here as the strict
     parser passes it; ``FastPathDeferred`` where the strict parser must decide.
+
+    The one-pass C scan (``_rowscan.check``) decides first where it is built; it passes a
+    strict subset of what the numpy scan passes and leaves the rest to it.
     """
+    if _rowscan is not None:
+        end = _rowscan.check(
+            body, start, prompt_len - 1, k, min(vocab_size, MAX_VOCAB_SIZE), max_candidates
+        )
+        if end >= 0:
+            return end
+    return numpy_check_rows_array(body, start, prompt_len, k, vocab_size, max_candidates)
+
+
+def numpy_check_rows_array(
+    body: bytes, start: int, prompt_len: int, k: int, vocab_size: int, max_candidates: int
+) -> int:
+    """``check_rows_array`` on the numpy scan alone."""
     limits = _Limits(
         min(vocab_size, MAX_VOCAB_SIZE), k, prompt_len - 1, max_candidates, values=False
     )
     return _scan_array(body, start, limits)[1]
+
+
+def compiled_check() -> bool:
+    """Whether the one-pass C scan (``kiln_registry.probe._rowscan``) is built."""
+    return _rowscan is not None
 
 
 def _cut_float(text: str) -> object:

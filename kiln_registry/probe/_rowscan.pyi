@@ -1,0 +1,3 @@
+def check(
+    body: bytes, start: int, rows: int, k: int, vocab: int, max_candidates: int, /
+) -> int: ...
