@@ -28,7 +28,8 @@
  *   scan reads six bytes past each candidate).
  *
  * Bounded: one forward pass, every read checked against the body's end; a row's ids are
- * kept in a buffer of ``k + 1`` entries (``k`` at most MAX_K), sorted when the row closes.
+ * kept in a buffer of ``k + 1`` entries (``k`` below MAX_K) and marked in a bit set of
+ * ``vocab`` bits (at most MAX_VOCAB, 2 MiB), cleared as each row closes.
  * The interpreter lock is released during the pass (the body is an immutable bytes).
  */
 #define PY_SSIZE_T_CLEAN
@@ -38,6 +39,7 @@
 #include <string.h>
 
 #define MAX_K 65536
+#define MAX_VOCAB (1 << 24) /* domain.limits.MAX_VOCAB_SIZE */
 #define DEFER (-1)
 
 static const char T_LOGPROB[] = "\":{\"logprob\":";   /* after an id's digits */
@@ -54,17 +56,39 @@ static int hex_value(unsigned char c)
     return -1;
 }
 
+static uint64_t load8(const unsigned char *at)
+{
+    uint64_t word;
+    memcpy(&word, at, 8);
+    return word;
+}
+
+/* How many ASCII digits follow b[q] (at most ``cap + 1`` are counted), eight at a time:
+ * each byte XOR '0' is a digit's value below 10; adding 0x76 to its low seven bits sets the
+ * high bit from 10 up, and the byte's own high bit marks 0x80 and above. */
+static inline Py_ssize_t digit_run(const unsigned char *b, Py_ssize_t n, Py_ssize_t q, Py_ssize_t cap)
+{
+    const uint64_t high = 0x8080808080808080ULL;
+    Py_ssize_t len = 0;
+    while (len <= cap && q + len + 8 <= n) {
+        uint64_t t = load8(b + q + len) ^ 0x3030303030303030ULL;
+        uint64_t stop = (((t & ~high) + 0x7676767676767676ULL) | t) & high;
+        if (stop != 0) return len + (__builtin_ctzll(stop) >> 3);
+        len += 8;
+    }
+    while (len <= cap && q + len < n && is_digit(b[q + len])) len++;
+    return len;
+}
+
 /* 1..8 canonical digits at *p in [low, high]; advances *p; -1 when not. */
-static int64_t small_int(const unsigned char *b, Py_ssize_t n, Py_ssize_t *p, int64_t low,
+static inline int64_t small_int(const unsigned char *b, Py_ssize_t n, Py_ssize_t *p, int64_t low,
                          int64_t high)
 {
-    Py_ssize_t at = *p, len = 0;
+    Py_ssize_t at = *p, len = digit_run(b, n, at, 8);
     int64_t value = 0;
-    while (at + len < n && is_digit(b[at + len])) {
-        if (++len > 8) return -1;
-        value = value * 10 + (b[at + len - 1] - '0');
-    }
-    if (len == 0 || (len > 1 && b[at] == '0') || value < low || value > high) return -1;
+    if (len == 0 || len > 8 || (len > 1 && b[at] == '0')) return -1;
+    for (Py_ssize_t i = 0; i < len; i++) value = value * 10 + (b[at + i] - '0');
+    if (value < low || value > high) return -1;
     *p = at + len;
     return value;
 }
@@ -73,45 +97,28 @@ static int64_t small_int(const unsigned char *b, Py_ssize_t n, Py_ssize_t *p, in
 static int logprob(const unsigned char *b, Py_ssize_t n, Py_ssize_t *p)
 {
     Py_ssize_t at = *p, q = at, digits;
-    int neg = 0, nonzero = 0;
-    if (q < n && b[q] == '-') {
-        neg = 1;
-        q++;
-    }
-    if (q >= n || !is_digit(b[q])) return 0;
-    if (b[q] == '0') {
-        q++;
-        if (q < n && is_digit(b[q])) return 0; /* a leading zero */
-    } else {
-        digits = 0;
-        while (q < n && is_digit(b[q])) {
-            q++;
-            if (++digits > 30) return 0;
-        }
-        nonzero = 1;
-    }
+    int neg = q < n && b[q] == '-';
+    q += neg;
+    digits = digit_run(b, n, q, 30);
+    if (digits == 0 || digits > 30 || (digits > 1 && b[q] == '0')) return 0;
+    int zero = digits == 1 && b[q] == '0';
+    q += digits;
     if (q < n && b[q] == '.') {
         q++;
-        digits = 0;
-        while (q < n && is_digit(b[q])) {
-            nonzero |= b[q] != '0';
-            q++;
-            digits++;
-        }
+        digits = digit_run(b, n, q, 31);
         if (digits == 0) return 0;
+        for (Py_ssize_t i = 0; !neg && zero && i < digits; i++) zero = b[q + i] == '0';
+        q += digits;
     }
     if (q < n && (b[q] | 0x20) == 'e') {
         q++;
         if (q >= n || b[q] != '-') return 0; /* a positive exponent: the numpy scan decides */
         q++;
-        digits = 0;
-        while (q < n && is_digit(b[q])) {
-            q++;
-            digits++;
-        }
+        digits = digit_run(b, n, q, 31);
         if (digits == 0) return 0;
+        q += digits;
     }
-    if (q - at > 31 || (!neg && nonzero)) return 0;
+    if (q - at > 31 || (!neg && !zero)) return 0;
     *p = q;
     return 1;
 }
@@ -196,37 +203,23 @@ static int token_text(const unsigned char *b, Py_ssize_t n, Py_ssize_t *p)
     return 0;
 }
 
+/* ``text`` (8..24 bytes) at *p, compared as overlapping 8-byte words; advances *p. */
 static int literal(const unsigned char *b, Py_ssize_t n, Py_ssize_t *p, const char *text,
                    Py_ssize_t len)
 {
-    if (*p + len > n || memcmp(b + *p, text, (size_t)len) != 0) return 0;
+    const unsigned char *at = b + *p, *t = (const unsigned char *)text;
+    if (*p + len > n) return 0;
+    uint64_t diff = load8(at) ^ load8(t);
+    diff |= load8(at + len - 8) ^ load8(t + len - 8);
+    if (len > 16) diff |= load8(at + 8) ^ load8(t + 8);
+    if (diff != 0) return 0;
     *p += len;
     return 1;
 }
 
-static int compare_ids(const void *x, const void *y)
-{
-    int32_t a = *(const int32_t *)x, c = *(const int32_t *)y;
-    return (a > c) - (a < c);
-}
-
-/* Whether the row's ids are distinct (sorted in place). */
-static int distinct(int32_t *ids, Py_ssize_t width)
-{
-    if (width <= 8) {
-        for (Py_ssize_t i = 1; i < width; i++)
-            for (Py_ssize_t j = 0; j < i; j++)
-                if (ids[i] == ids[j]) return 0;
-        return 1;
-    }
-    qsort(ids, (size_t)width, sizeof(int32_t), compare_ids);
-    for (Py_ssize_t i = 1; i < width; i++)
-        if (ids[i] == ids[i - 1]) return 0;
-    return 1;
-}
-
 static Py_ssize_t scan(const unsigned char *b, Py_ssize_t n, Py_ssize_t start, int64_t rows,
-                       int64_t k, int64_t vocab, int64_t max_candidates, int32_t *row_ids)
+                       int64_t k, int64_t vocab, int64_t max_candidates, int32_t *row_ids,
+                       uint64_t *seen)
 {
     Py_ssize_t p = start, width = 0;
     int64_t seen_rows = 1, total = 0;
@@ -243,6 +236,9 @@ static Py_ssize_t scan(const unsigned char *b, Py_ssize_t n, Py_ssize_t start, i
         if (!literal(b, n, &p, T_TOKEN, sizeof T_TOKEN - 1) || !token_text(b, n, &p))
             return DEFER;
         if (width >= k + 1 || ++total > max_candidates) return DEFER;
+        uint64_t bit = 1ULL << (id & 63);
+        if (seen[id >> 6] & bit) return DEFER; /* an id repeated in its row */
+        seen[id >> 6] |= bit;
         row_ids[width++] = (int32_t)id;
         /* p is on the token's closing quote; six bytes must follow it */
         if (p + 6 > n || b[p + 1] != '}') return DEFER;
@@ -251,8 +247,10 @@ static Py_ssize_t scan(const unsigned char *b, Py_ssize_t n, Py_ssize_t start, i
             continue;
         }
         if (b[p + 2] != '}') return DEFER;
-        if (!distinct(row_ids, width)) return DEFER;
-        width = 0;
+        while (width > 0) { /* the row's ids leave the set */
+            int32_t id = row_ids[--width];
+            seen[id >> 6] &= ~(1ULL << (id & 63));
+        }
         if (b[p + 3] == ']') return seen_rows == rows ? p + 4 : DEFER;
         if (b[p + 3] != ',' || b[p + 4] != '{' || b[p + 5] != '"') return DEFER;
         seen_rows++;
@@ -270,15 +268,22 @@ static PyObject *check(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!nLLLL", &PyBytes_Type, &body, &start, &rows, &k, &vocab,
                           &max_candidates))
         return NULL;
-    if (k < 0 || k >= MAX_K || vocab < 1 || rows < 0) return PyLong_FromSsize_t(DEFER);
+    if (k < 0 || k >= MAX_K || vocab < 1 || vocab > MAX_VOCAB || rows < 0)
+        return PyLong_FromSsize_t(DEFER);
     int32_t *row_ids = malloc(sizeof(int32_t) * (size_t)(k + 1));
-    if (row_ids == NULL) return PyErr_NoMemory();
+    uint64_t *seen = calloc((size_t)(vocab + 63) / 64, sizeof(uint64_t));
+    if (row_ids == NULL || seen == NULL) {
+        free(row_ids);
+        free(seen);
+        return PyErr_NoMemory();
+    }
     const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(body);
     Py_ssize_t size = PyBytes_GET_SIZE(body);
     Py_BEGIN_ALLOW_THREADS
-    end = scan(bytes, size, start, rows, k, vocab, max_candidates, row_ids);
+    end = scan(bytes, size, start, rows, k, vocab, max_candidates, row_ids, seen);
     Py_END_ALLOW_THREADS
     free(row_ids);
+    free(seen);
     return PyLong_FromSsize_t(end);
 }
 

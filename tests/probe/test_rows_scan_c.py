@@ -217,7 +217,8 @@ def test_ids_ranks_rows_widths_and_budget() -> None:
 
 @pytest.mark.parametrize("width", [2, 8, 9, 40])
 def test_a_repeated_id_in_a_row_is_not_passed(width: int) -> None:
-    # Up to 8 ids are compared pairwise, wider rows sorted: both branches, first and last.
+    # The row's ids are marked in a bit set cleared as the row closes: a repeat at the
+    # row's start, end and across it is caught; the same ids in the next row are not repeats.
     numbers = ["-0.5"] * width
     distinct = [str(i * 7) for i in range(width)]
     assert subset(one_row_body(numbers, ids=distinct), row_args(width))
@@ -225,6 +226,14 @@ def test_a_repeated_id_in_a_row_is_not_passed(width: int) -> None:
         ids = list(distinct)
         ids[b] = ids[a]
         assert c_end(one_row_body(numbers, ids=ids), row_args(width)) == -1
+
+
+def test_ids_at_the_vocabulary_s_edges_and_across_rows() -> None:
+    top = str(MAX_VOCAB_SIZE - 1)
+    args = {**row_args(2), "vocab_size": MAX_VOCAB_SIZE}
+    assert subset(one_row_body(["-1.5", "-0.5", "-0.25"], ids=[top, "0", "63"]), args)
+    body, args = captured("pl32")  # every row repeats ids of the row before it
+    assert subset(body, args)
 
 
 def test_an_empty_array_and_other_layouts() -> None:
@@ -265,6 +274,8 @@ def test_arguments_outside_the_scan_s_bounds_are_left_to_numpy() -> None:
     assert _rowscan.check(body, len(body) + 5, rows, 32, 512, 10**6) == -1
     assert _rowscan.check(body, -3, rows, 32, 512, 10**6) == -1
     assert _rowscan.check(body, start, rows, 32, 0, 10**6) == -1
+    assert _rowscan.check(body, start, rows, 32, MAX_VOCAB_SIZE + 1, 10**6) == -1
+    assert _rowscan.check(body, start, rows, 32, MAX_VOCAB_SIZE, 10**6) > 0
     with pytest.raises(TypeError):
         _rowscan.check(bytearray(body), start, rows, 32, 512, 10**6)  # type: ignore[arg-type]
 
