@@ -63,10 +63,12 @@ class Switching:
 
 
 class Holding:
-    """ASGI: records every completion prompt; holds the one equal to ``hold`` until released."""
+    """ASGI: records every completion prompt; holds the one equal to ``hold`` until released,
+    then has ``held_app`` (default ``app``) answer it."""
 
-    def __init__(self, app: Any, hold: list[int]) -> None:
+    def __init__(self, app: Any, hold: list[int], held_app: Any = None) -> None:
         self.app, self.hold = app, hold
+        self.held_app = app if held_app is None else held_app
         self.prompts: list[list[int]] = []
         self.release = threading.Event()
 
@@ -82,8 +84,9 @@ class Holding:
         body = b"".join(chunks)
         prompt = json.loads(body)["prompt"]
         self.prompts.append(prompt)
+        app = self.app
         if prompt == self.hold:
-            self.hold = []
+            self.hold, app = [], self.held_app
             assert await asyncio.to_thread(self.release.wait, 120), "never released"
         replayed = False
 
@@ -94,7 +97,7 @@ class Holding:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, send)
+        await app(scope, replay, send)
 
 
 @dataclass
@@ -256,3 +259,35 @@ def test_a_result_of_a_fenced_replica_not_yet_written_is_requested_again(
     job = world.reg.wait(submitted.json()["id"], timeout=JOB_TIMEOUT_S)
     assert world.corpus(job, "set") == expected
     assert _prompt(SEQS[1]) in held.prompts  # redone on the standing replica
+
+
+def test_a_redo_asked_after_every_replica_failed_reports_the_exhaustion(
+    world: World, teachers: Teachers
+) -> None:
+    """Row 0 is held at replica 1; replica 0 answers row 1, then both flip on row 2 (the
+    job runs out of replicas); row 0 then comes back with the pinned identity from a
+    replica fenced since. Its redo is never sent, and the job fails with the exhaustion,
+    not with the abandoned redo (a race CI once hit on PostgreSQL)."""
+    flip_url, flipper = world.replica()
+    second = Switching(
+        create_reference_app(teachers.same, api_key_env=None),
+        create_reference_app(teachers.other, api_key_env=None),
+    )
+    held = Holding(
+        second, _prompt(SEQS[0]), held_app=create_reference_app(teachers.same, api_key_env=None)
+    )
+    held_url = world.stack.enter_context(serve_app(held))
+    world.register("set", [flip_url, held_url])
+    flipper.arm(3 + 1)  # its probes, row 1, then another identity
+    second.arm(3)  # its probes, then another identity (the held row 0 is answered apart)
+    submitted = world.reg.submit("set", 4, sequences=SEQS)
+    assert submitted.status_code == 201, submitted.text
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while {r["status"] for r in _replicas(world, "set")} != {"unavailable"}:
+        assert time.monotonic() < deadline, "the replicas were never fenced"
+        time.sleep(0.05)
+    held.release.set()
+    job = world.reg.wait(submitted.json()["id"], timeout=JOB_TIMEOUT_S)
+    assert job["status"] == "failed", job
+    assert job["error"]["rule"] == "job.replicas_exhausted", job["error"]
+    assert "replica 0" in job["error"]["message"] and "replica 1" in job["error"]["message"]

@@ -95,6 +95,7 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
         self.writer: WriterT | None = None
         self.pending: list[tuple[str, ResultT]] = []
         self.failed = False
+        self.failure: BaseException | None = None  # the first request's failure
 
     # -- what a subclass says -----------------------------------------------
 
@@ -185,8 +186,10 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
             started = time.perf_counter()
             try:
                 result = await self._request(row)
-            except BaseException:
+            except BaseException as exc:
                 self.failed = True  # before the gate opens: no queued row starts a request
+                if self.failure is None:
+                    self.failure = exc
                 raise
             self._requested(time.perf_counter() - started)
             return result
@@ -220,7 +223,14 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
         row, item = queue[0]
         progress = self.claimed.progress
         if isinstance(item, asyncio.Task):
-            result = await self._settle(row, await item)
+            try:
+                result = await self._settle(row, await item)
+            except _Abandoned:
+                # A redo (its replica fenced since it answered) asked after a later row
+                # failed: that failure, not the abandoned redo, is the job's.
+                if self.failure is None:
+                    raise
+                raise self.failure from None
             self.pending.append((row.token_sha256, result))
             progress.scored += 1
         else:
