@@ -107,19 +107,24 @@ def test_small_chunks_cross_candidates_and_rows(monkeypatch: pytest.MonkeyPatch)
         assert fast_taken(body, args)
 
 
-@pytest.mark.parametrize(
-    "decoded",
-    [
-        r'"\u0010"',
-        r'"a\"b"',
-        r'"\\"',
-        r'"\\\""',
-        r'"x\/\b\f\n\r\t"',
-        '"caf\u00e9 \U0001f600"',
-        r'"\ud7ff\ue000"',
-        '"},\\"1\\":{"',
-    ],
-)
+# Decoded-token strings every scan passes, and ones that are not JSON strings (the
+# strict parser refuses them); tests/probe/test_rows_scan_c.py holds the C scan to both.
+GOOD_DECODED = [
+    r'"\u0010"',
+    r'"a\"b"',
+    r'"\\"',
+    r'"\\\""',
+    r'"x\/\b\f\n\r\t"',
+    '"caf\u00e9 \U0001f600"',
+    r'"\ud7ff\ue000"',
+    '"},\\"1\\":{"',
+]
+BAD_DECODED = [r'"\x"', r'"\u12G4"', '"\x01"', r'"\"', '"\\u00"']
+LONE_SURROGATES = [r'"\udc00"', r'"\ud83d\u0041"', r'"\ud83d\ud83d\ude00"']
+PAIRED_SURROGATES = r'"a\ud83d\ude00\uDBFF\uDFFFb"'
+
+
+@pytest.mark.parametrize("decoded", GOOD_DECODED)
 @pytest.mark.parametrize("shift", range(8))
 def test_decoded_token_strings_with_escapes_and_utf8(decoded: str, shift: int) -> None:
     # ``shift`` moves the token across the 8-byte words that sparse_positions reads.
@@ -127,10 +132,7 @@ def test_decoded_token_strings_with_escapes_and_utf8(decoded: str, shift: int) -
     assert fast_taken(body, row_args(1))
 
 
-@pytest.mark.parametrize(
-    "decoded",
-    [r'"\x"', r'"\u12G4"', '"\x01"', r'"\"', '"\\u00"'],
-)
+@pytest.mark.parametrize("decoded", BAD_DECODED)
 @pytest.mark.parametrize("shift", range(8))
 def test_bad_decoded_token_strings_defer_and_are_refused(decoded: str, shift: int) -> None:
     body = one_row_body(["-1.5", str(-(2.0 ** -(1 + shift)))], decoded=decoded)
@@ -156,9 +158,9 @@ def test_surrogate_escapes_defer_and_serde_rules_decide() -> None:
     with pytest.raises(ProbeFailed) as info:
         parse_completion_fast(body, **row_args(1))
     assert info.value.rule == "probe.json_surrogate"
-    for lone in (r'"\udc00"', r'"\ud83d\u0041"', r'"\ud83d\ud83d\ude00"'):
+    for lone in LONE_SURROGATES:
         assert not fast_taken(one_row_body(["-1.5", "-0.5"], decoded=lone), row_args(1))
-    paired = one_row_body(["-1.5", "-0.5"], decoded=r'"a\ud83d\ude00\uDBFF\uDFFFb"')
+    paired = one_row_body(["-1.5", "-0.5"], decoded=PAIRED_SURROGATES)
     assert fast_taken(paired, row_args(1))
 
 

@@ -10,6 +10,8 @@ drawn layouts drive it; no mocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,24 +36,35 @@ from tests.probe.test_candidate_scan import (
 KEY = b'"prompt_logprobs":['
 
 
+def rows_start(body: bytes) -> int:
+    """Where the body's first rows array opens."""
+    return body.find(KEY) + len(KEY) - 1
+
+
+def rows_check(
+    check: Callable[[bytes, int, int, int, int, int], int], body: bytes, args: Args
+) -> int:
+    """``check`` (``check_rows_array``'s signature) on the body's first rows array."""
+    return check(
+        body,
+        rows_start(body),
+        args["expected_prompt_len"],
+        args["k"],
+        args["vocab_size"],
+        args["max_candidates"],
+    )
+
+
 def check_only(body: bytes, args: Args) -> bool:
     """True when the check-only scan passed the body's rows array alone; the array must then
     pass the strict parser's rows rules (``parse_rows`` over ``strict_loads``)."""
-    at = body.find(KEY)
-    if at < 0:
+    if body.find(KEY) < 0:
         return False
-    start = at + len(KEY) - 1
     try:
-        end = check_rows_array(
-            body,
-            start,
-            args["expected_prompt_len"],
-            args["k"],
-            args["vocab_size"],
-            args["max_candidates"],
-        )
+        end = rows_check(check_rows_array, body, args)
     except FastPathDeferred:
         return False
+    start = rows_start(body)
     assert body[end - 1 : end] == b"]"
     try:
         parse_rows(strict_loads(body[start:end]), **args)
@@ -73,30 +86,32 @@ def test_captured_vllm_bodies_pass(name: str) -> None:
     assert check_only(*captured(name))
 
 
-@pytest.mark.parametrize(
-    "numbers",
-    [
-        ["-6.467060089111328", "-5.9470367431640625"],
-        ["-9999.0", "-0.0", "-0"],
-        ["-7.62939453125e-06", "-1e-5", "-1.5E-7", "-2e-0"],
-        ["-0.00012345678901234567", "-1.0000000000000000000001"],  # not float32-exact
-        ["-123456789012345678901234567.5"],
-        ["0", "0.0", "0e5", "-1.5e+2", "-2E3"],  # passed one by one
-        ["-3.4028234e38", "-1e38"],
-    ],
-)
+# Logprob spellings passed in bulk (vLLM's forms, float32-exact or not), and ones the
+# scan passes one by one (an unsigned zero, a positive exponent, near float32's edge).
+BULK_NUMBERS = [
+    ["-6.467060089111328", "-5.9470367431640625"],
+    ["-9999.0", "-0.0", "-0"],
+    ["-7.62939453125e-06", "-1e-5", "-1.5E-7", "-2e-0"],
+    ["-0.00012345678901234567", "-1.0000000000000000000001"],  # not float32-exact
+    ["-123456789012345678901234567.5"],
+]
+ONE_BY_ONE_NUMBERS = [
+    ["0", "0.0", "0e5", "-1.5e+2", "-2E3"],
+    ["-3.4028234e38", "-1e38"],
+]
+REFUSED_NUMBERS = [
+    "1.5", "1e-100", "-1e400", "-1e39", "-3.4028235677973366e38", "NaN", "-Infinity",
+    "-01.5", "-1.", "-.5", "+1", "-1.5e", "-1.5e-", "-1e--5", "-1.5.5", "--1", "-1e-5e-5",
+    "-1ee-5", "-1.e-5", "-0x10", "-1" + "0" * 39, "- 1", "-1E+", '"-1.5"',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("numbers", BULK_NUMBERS + ONE_BY_ONE_NUMBERS)
 def test_number_forms_pass(numbers: list[str]) -> None:
     assert check_only(one_row_body(numbers), row_args(len(numbers) - 1))
 
 
-@pytest.mark.parametrize(
-    "number",
-    [
-        "1.5", "1e-100", "-1e400", "-1e39", "-3.4028235677973366e38", "NaN", "-Infinity",
-        "-01.5", "-1.", "-.5", "+1", "-1.5e", "-1.5e-", "-1e--5", "-1.5.5", "--1", "-1e-5e-5",
-        "-1ee-5", "-1.e-5", "-0x10", "-1" + "0" * 39, "- 1", "-1E+", '"-1.5"',
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("number", REFUSED_NUMBERS)
 def test_number_refusals_defer(number: str) -> None:
     body = one_row_body([number, "-0.5"])
     assert not check_only(body, row_args(1))

@@ -21,7 +21,11 @@ from kiln_registry.probe import candidate_scan
 from kiln_registry.probe.candidate_scan import FastPathDeferred, numpy_check_rows_array
 from kiln_registry.probe.parse import MAX_VOCAB_SIZE
 from tests.probe.test_candidate_scan import (
+    BAD_DECODED,
     EDITS,
+    GOOD_DECODED,
+    LONE_SURROGATES,
+    PAIRED_SURROGATES,
     SUCCESS,
     Args,
     Edit,
@@ -31,9 +35,15 @@ from tests.probe.test_candidate_scan import (
     one_row_body,
     row_args,
 )
-from tests.probe.test_rows_check import check_only
-
-KEY = b'"prompt_logprobs":['
+from tests.probe.test_rows_check import (
+    BULK_NUMBERS,
+    KEY,
+    ONE_BY_ONE_NUMBERS,
+    REFUSED_NUMBERS,
+    check_only,
+    rows_check,
+    rows_start,
+)
 
 
 def _compiler() -> str | None:
@@ -54,10 +64,9 @@ def c_end(body: bytes, args: Args) -> int:
     """The C scan's verdict on the body's first rows array: its end, or -1."""
     from kiln_registry.probe import _rowscan
 
-    start = body.find(KEY) + len(KEY) - 1
     return _rowscan.check(
         body,
-        start,
+        rows_start(body),
         args["expected_prompt_len"] - 1,
         args["k"],
         min(args["vocab_size"], MAX_VOCAB_SIZE),
@@ -66,16 +75,8 @@ def c_end(body: bytes, args: Args) -> int:
 
 
 def numpy_end(body: bytes, args: Args) -> int:
-    start = body.find(KEY) + len(KEY) - 1
     try:
-        return numpy_check_rows_array(
-            body,
-            start,
-            args["expected_prompt_len"],
-            args["k"],
-            args["vocab_size"],
-            args["max_candidates"],
-        )
+        return rows_check(numpy_check_rows_array, body, args)
     except FastPathDeferred:
         return -1
 
@@ -103,27 +104,16 @@ def test_captured_vllm_bodies_are_decided_by_the_c_scan(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "numbers",
-    [
-        ["-6.467060089111328", "-5.9470367431640625"],
-        ["-9999.0", "-0.0", "-0"],
-        ["-7.62939453125e-06", "-1e-5", "-1.5E-7", "-2e-0"],
-        ["-0.00012345678901234567", "-1.0000000000000000000001"],
-        ["-123456789012345678901234567.5", "-" + "9" * 30],
-        ["0", "0.0", "0.000e-3", "-0.0E-1"],
-    ],
+    "numbers", [*BULK_NUMBERS, ["-" + "9" * 30], ["0", "0.0", "0.000e-3", "-0.0E-1"]]
 )
 def test_number_forms_the_c_scan_decides(numbers: list[str]) -> None:
     assert subset(one_row_body(numbers), row_args(len(numbers) - 1))
 
 
+# Each holds a positive exponent: the numpy scan passes it one by one.
 @pytest.mark.parametrize(
     "numbers",
-    [
-        ["0e5", "-1.5e+2"],  # a positive exponent: the numpy scan passes it one by one
-        ["-2E3", "-0.5"],
-        ["-3.4028234e38", "-0.5"],
-    ],
+    [*ONE_BY_ONE_NUMBERS, ["0e5", "-1.5e+2"], ["-2E3", "-0.5"], ["-3.4028234e38", "-0.5"]],
 )
 def test_forms_left_to_the_numpy_scan(numbers: list[str]) -> None:
     body, args = one_row_body(numbers), row_args(len(numbers) - 1)
@@ -131,14 +121,7 @@ def test_forms_left_to_the_numpy_scan(numbers: list[str]) -> None:
     assert check_only(body, args)  # through check_rows_array: numpy decides
 
 
-@pytest.mark.parametrize(
-    "number",
-    [
-        "1.5", "0.5", "0.0001", "1e-100", "-1e400", "-1e39", "NaN", "-Infinity", "-01.5",
-        "-1.", "-.5", "+1", "-1.5e", "-1.5e-", "-1e--5", "-1.5.5", "--1", "-1e-5e-5",
-        "-1ee-5", "-1.e-5", "-0x10", "- 1", '"-1.5"', "-" + "9" * 31, "-1.5x", "",
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("number", [*REFUSED_NUMBERS, "0.5", "0.0001", "-" + "9" * 31, "-1.5x", ""])
 def test_bad_numbers_are_not_passed(number: str) -> None:
     assert c_end(one_row_body([number, "-0.5"]), row_args(1)) == -1
 
@@ -146,15 +129,9 @@ def test_bad_numbers_are_not_passed(number: str) -> None:
 @pytest.mark.parametrize(
     "decoded",
     [
-        r'"\u0010"',
-        r'"a\"b"',
-        r'"\\"',
-        r'"\\\""',
-        r'"x\/\b\f\n\r\t"',
+        *GOOD_DECODED,
+        PAIRED_SURROGATES,
         '"caf\u00e9 \U0001f600 \u0800 \U00010000 \U0010ffff"',
-        r'"\ud7ff\ue000"',
-        r'"a\ud83d\ude00\uDBFF\uDFFFb"',
-        '"},\\"1\\":{"',
         r'"\\u"',
         '""',
     ],
@@ -166,16 +143,8 @@ def test_decoded_tokens_the_c_scan_decides(decoded: str) -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        rb'"\x"',
-        rb'"\u12G4"',
-        b'"\x01"',
+        *(text.encode() for text in [*BAD_DECODED, r'"\ud800"', *LONE_SURROGATES]),
         b'"\x1f"',
-        rb'"\"',
-        b'"\\u00"',
-        rb'"\ud800"',
-        rb'"\udc00"',
-        rb'"\ud83d\u0041"',
-        rb'"\ud83d\ud83d\ude00"',
         b'"a\xff"',
         b'"\xc0\xaf"',  # an overlong '/'
         b'"\xe0\x80\xaf"',  # an overlong '/', three bytes

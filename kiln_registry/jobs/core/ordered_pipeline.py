@@ -94,7 +94,6 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
         self.window = 4 * claimed.env.config.jobs.concurrency + 8
         self.writer: WriterT | None = None
         self.pending: list[tuple[str, ResultT]] = []
-        self.failed = False
         self.failure: BaseException | None = None  # the first request's failure
 
     # -- what a subclass says -----------------------------------------------
@@ -180,14 +179,14 @@ class OrderedPipeline(Generic[RowT, ResultT, WriterT]):
 
     async def _one(self, row: RowT) -> ResultT:
         async with self.gate:
-            if self.failed:
+            if self.failure is not None:
                 raise _Abandoned
             self.claimed.check_cancel()
             started = time.perf_counter()
             try:
                 result = await self._request(row)
             except BaseException as exc:
-                self.failed = True  # before the gate opens: no queued row starts a request
+                # Set before the gate opens: no queued row starts a request after it.
                 if self.failure is None:
                     self.failure = exc
                 raise
